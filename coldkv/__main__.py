@@ -1,0 +1,3 @@
+from coldkv.cli import app
+
+app()
