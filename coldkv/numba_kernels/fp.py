@@ -157,11 +157,9 @@ def global_scale_for(amax):
     Values are multiplied by g before the E4M3 block scale is chosen, so a block holding amax
     gets the largest E4M3 scale (448) and E2M1's 6. Magnitudes above amax saturate (to amax
     for nvfp4/c4g64; iso3 uses at most 6/7 of the E4M3 range and saturates at 7/6 amax).
-    amax of 0, non-finite, or so small that g overflows gives g = 1 (the plane decodes as 0).
+    amax below 1e-35 (g would overflow), or non-finite, gives g = 1 (such a plane decodes as 0).
     """
     a = np.float32(amax)
-    if a > np.float32(0.0) and a <= F32_MAX:
-        g = np.float32(2688.0) / a
-        if g <= F32_MAX:
-            return g
+    if a >= np.float32(1e-35) and a <= F32_MAX:
+        return np.float32(2688.0) / a
     return np.float32(1.0)
