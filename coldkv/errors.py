@@ -11,3 +11,15 @@ class ModelLoadError(ColdkvError):
 
 class PlanError(ColdkvError):
     """A request does not fit: the message says what is needed, what is available, what to try."""
+
+
+class KVTableError(ColdkvError):
+    """An unknown KV table name, or a malformed --kv-table file."""
+
+
+class DeviceError(ColdkvError):
+    """The requested device or backend is not available."""
+
+
+class InputError(ColdkvError):
+    """An input file (a prompt) is missing or unreadable."""

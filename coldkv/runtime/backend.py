@@ -1,0 +1,130 @@
+"""Backends: what the engine needs from a device. The CPU one is here; CUDA plugs in the same seam.
+
+A backend owns the weights in its memory and makes KV caches in its memory; the engine only sees
+token ids in and float32 logits [vocab] out (host numpy), so sampling, stopping and streaming are
+shared by every backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from coldkv.errors import DeviceError, PlanError
+from coldkv.runtime.config import ModelArgs
+from coldkv.runtime.kv_cache import PagedKVCache, kv_bytes_per_token
+from coldkv.runtime.kv_table import KVTable
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class KVCache(Protocol):
+    table: KVTable
+    length: int
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def reserved_nbytes(self) -> int: ...
+    def bytes_per_token(self) -> float: ...
+    def trim(self, n: int) -> None: ...
+
+
+class Backend(Protocol):
+    name: str  # "cpu" | "cuda"
+    args: ModelArgs
+
+    def new_cache(self, table: KVTable, max_tokens: int) -> KVCache: ...
+
+    def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run tokens [T] at the cache's next positions; -> float32 logits [vocab] (last) or [T, vocab]."""
+
+    def check_memory(self, table: KVTable, max_tokens: int) -> None:
+        """Raise PlanError if a cache of max_tokens with this table cannot fit."""
+
+
+def cuda_present() -> bool:
+    """True when the CUDA driver loads and reports a device (no numba import, no CUDA context)."""
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        count = ctypes.c_int(0)
+        return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+    return False
+
+
+def select_device(device: str) -> tuple[str, str | None]:
+    """-> (backend name, a note for stderr or None)."""
+    if device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r}; use {', '.join(DEVICES)}")
+    if device == "cuda":
+        raise DeviceError("the CUDA backend is not built yet; use --device cpu")
+    if device == "auto" and cuda_present():
+        return "cpu", "a CUDA GPU is present but the CUDA backend is not built yet; running on the CPU"
+    return "cpu", None
+
+
+def host_memory_available() -> int:
+    """Bytes the kernel reports as available (MemAvailable), or physical memory if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_summary() -> str:
+    name = "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {len(os.sched_getaffinity(0))} cores, {host_memory_available() / 2**30:.1f} GiB available"
+
+
+class CPUBackend:
+    name = "cpu"
+
+    def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64):
+        from coldkv.runtime.loader import load_args, load_weights
+        from coldkv.runtime.model import Transformer
+
+        self.args = args or load_args(model_dir)
+        self.page_tokens = page_tokens
+        self.model = Transformer(self.args, load_weights(model_dir, self.args))
+
+    def new_cache(self, table: KVTable, max_tokens: int) -> PagedKVCache:
+        a = self.args
+        return PagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
+
+    def forward(self, tokens: np.ndarray, cache: PagedKVCache, all_logits: bool = False) -> np.ndarray:
+        return self.model.forward(tokens, cache, all_logits)
+
+    def check_memory(self, table: KVTable, max_tokens: int) -> None:
+        a = self.args
+        pages = -(-max_tokens // self.page_tokens) * self.page_tokens
+        # Pools grow by doubling, so up to 2x the pages can be held for a moment while copying.
+        need = 2 * pages * kv_bytes_per_token(table, a.num_key_value_heads, a.head_dim, self.page_tokens)
+        avail = host_memory_available()
+        if need > avail:
+            raise PlanError(
+                f"{max_tokens} tokens of KV with table {table.name} need {need / 2**30:.2f} GiB "
+                f"> {avail / 2**30:.2f} GiB available; try a smaller --kv-table (nvfp4), a shorter "
+                "prompt or fewer --max-new-tokens"
+            )
+
+
+def load_backend(model_dir: Path, device: str = "auto", page_tokens: int = 64) -> tuple[Backend, str | None]:
+    """-> (backend with the model loaded, a note for stderr or None)."""
+    name, note = select_device(device)
+    return CPUBackend(model_dir, page_tokens=page_tokens), note
