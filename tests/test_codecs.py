@@ -34,7 +34,8 @@ def around(values):
     """Every value, every midpoint between neighbours, each +-1 float32 ulp, both signs."""
     v = np.unique(np.asarray(values, np.float64))
     mids = (v[:-1] + v[1:]) / 2  # exact in float32 for these formats
-    pts = np.concatenate([v, mids, [v[-1] * 1.5, min(v[-1] * 1e6, 3e38)]]).astype(np.float32)
+    pts = np.concatenate([v, mids, [v[-1] * 1.5, v[-1] * 1e6]])
+    pts = pts[pts < 3.4e38].astype(np.float32)
     pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(-np.inf))])
     return np.concatenate([pts, -pts]).astype(np.float32)
 

@@ -1,0 +1,28 @@
+"""Compile every CUDA kernel to PTX for sm_90 (catches typing the simulator lets through).
+
+Runs tests/ptx_check.py in a subprocess without NUMBA_ENABLE_CUDASIM: this process may already
+have imported numba.cuda as the simulator. Add a kernel module to PTX_MODULES to check it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PTX_MODULES = [
+    "coldkv.numba_kernels.quant",
+]
+
+
+@pytest.mark.parametrize("module", PTX_MODULES)
+def test_kernels_compile_to_ptx(module):
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ptx_check.py"), module],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kernels to PTX for sm_90" in proc.stdout
