@@ -142,3 +142,6 @@ def make_checkpoint(path: Path, arch: str = "qwen3", *, seed: int = 0, bf16: boo
     if generation_eos is not None:
         (path / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
     return path
+
+
+GOLDEN_PROMPT_TEXT = "The quick brown fox"

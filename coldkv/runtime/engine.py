@@ -25,7 +25,7 @@ class GenerateResult:
     text: str
     tokens: list[int]  # generated ids (a stop string's tokens included; eos not)
     prompt_tokens: int
-    finish_reason: str  # "eos" | "stop" | "length" | "context"
+    finish_reason: str  # "eos" | "stop" | "length" (max_new_tokens) | "context" (the model's context is full)
     prefill_s: float
     decode_s: float
     decode_steps: int  # forward passes of one token
@@ -108,9 +108,10 @@ def generate(
     prefill_s = time.perf_counter() - t0
 
     tokens: list[int] = []
-    finish = "length"
+    budget = max_tokens - len(prompt_ids)  # max_new_tokens, or less where the context ends first
+    finish = "length" if budget == max_new_tokens else "context"
     steps, decode_s = 0, 0.0
-    while len(tokens) < max_new_tokens:
+    while len(tokens) < budget:
         token = sampler(logits)
         if token in eos:
             finish = "eos"
@@ -120,10 +121,7 @@ def generate(
         if stream.stopped:
             finish = "stop"
             break
-        if len(tokens) == max_new_tokens:
-            break
-        if cache.length >= max_tokens:
-            finish = "context"
+        if len(tokens) == budget:
             break
         t = time.perf_counter()
         logits = backend.forward(np.array([token]), cache)
