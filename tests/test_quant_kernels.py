@@ -153,13 +153,16 @@ def test_nonfinite_input_poisons_its_group(fmt):
 
 # ------------------------------------------------------------------------------ CUDA (simulator
 # without a GPU: tiny shapes; real device when present)
-def sim_setup(fmt):
-    return setup(fmt, T=3, H=2, D=64, P=4, pos0=3, seed=5)
+def sim_setup(fmt, D=64):
+    return setup(fmt, T=3, H=2, D=D, P=4, pos0=3, seed=5)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_append_cuda_matches_reference(fmt):
-    x, table, codes, scales, g = sim_setup(fmt)
+@pytest.mark.parametrize("D", [64, 128])
+def test_append_cuda_matches_reference(fmt, D):
+    x, table, codes, scales, g = sim_setup(fmt, D)
+    x[1, 0, 17] = np.nan  # a poisoned group must be poisoned the same way
+
     want_c, want_s = expected_pool(fmt, x, 3, table, codes, scales, g)
     Q.launch_append(fmt, x, 3, table, codes, scales, g)
     np.testing.assert_array_equal(codes, want_c)
@@ -180,16 +183,17 @@ def test_dequant_pages_cuda_matches_reference(fmt):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_requant_cuda_matches_reference(fmt):
-    x, table, codes, scales, g = sim_setup(fmt)
+@pytest.mark.parametrize("D", [64, 128])
+def test_requant_cuda_matches_reference(fmt, D):
+    x, table, codes, scales, g = sim_setup(fmt, D)
     Q.append_cpu(fmt, x, 3, table, codes, scales, g)
     pages = np.array([table[0, 1], table[1, 0]], np.int32)
     gsrc = g.copy()
-    oc, os_ = Q.pool_arrays("c4g64", 2, 4, 64)
+    oc, os_ = Q.pool_arrays("c4g64", 2, 4, D)
     og = np.zeros(2, np.float32)
     Q.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
     for i in range(2):
-        c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gsrc[i], 64)
+        c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gsrc[i], D)
         np.testing.assert_array_equal(oc[i], c)
         np.testing.assert_array_equal(os_[i], s)
         assert bits(np.float32(og[i])) == bits(np.float32(g2))

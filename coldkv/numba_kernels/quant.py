@@ -169,24 +169,30 @@ def _f32(x) -> np.float32:
 
 
 def ref_quantize(x: np.ndarray, fmt_id: int, g=1.0):
-    """x float32 [T, D] (finite) -> (codes [T, code_cols], scales [T, scale_cols])."""
+    """x float32 [T, D] -> (codes [T, code_cols], scales [T, scale_cols]).
+
+    A group (int8: row) holding NaN or inf is poisoned: NaN scale, zero codes (module docstring).
+    """
     x = np.asarray(x, np.float32)
     T, D = x.shape
     g = _f32(g)
     if fmt_id == BF16:
         return ref_bf16_encode(x), np.zeros((T, 0), np.uint8)
+    G = D if fmt_id == INT8 else (64 if fmt_id == C4G64 else 16)
+    bad = ~np.isfinite(x).reshape(T, D // G, G).all(axis=2)  # [T, D/G]
+    x = np.where(np.isfinite(x), x, _f32(0))
     if fmt_id == INT8:
         amax = np.abs(x).max(axis=1, initial=np.float32(0))  # [T]
-        scale = amax / _f32(127)
+        scale = np.where(bad[:, 0], _f32(np.nan), amax / _f32(127))
         safe = np.where(amax > 0, amax, _f32(1))
-        inv = np.where(amax > 0, _f32(127) / safe, _f32(0)).astype(np.float32)
+        inv = np.where((amax > 0) & ~bad[:, 0], _f32(127) / safe, _f32(0)).astype(np.float32)
         q = np.rint(np.clip(x * inv[:, None], _f32(-127), _f32(127)))
         return q.astype(np.int8), scale.astype(np.float32)[:, None]
-    G = 64 if fmt_id == C4G64 else 16
     xg = x.reshape(T, D // G, G)
     bmax = np.abs(xg).max(axis=2)  # [T, D/G]
     div = _f32(7) if fmt_id == ISO3 else _f32(6)
     sb = ref_e4m3_encode(np.minimum((g * bmax) / div, E4M3_MAX))
+    sb[bad] = E4M3_NAN
     s = ref_e4m3_decode(sb)
     r = np.divide(g, s, out=np.zeros_like(s), where=s > 0)[:, :, None]  # [T, D/G, 1]
     if fmt_id == ISO3:
@@ -194,6 +200,7 @@ def ref_quantize(x: np.ndarray, fmt_id: int, g=1.0):
         c = m | (np.signbit(xg).astype(np.uint8) << 3)
     else:
         c = ref_e2m1_encode(xg * r)
+    c[bad] = 0
     c = c.reshape(T, D)
     return (c[:, 0::2] | (c[:, 1::2] << 4)).astype(np.uint8), sb
 
@@ -228,6 +235,48 @@ def ref_requantize(codes, scales, fmt_id: int, g, head_dim: int, to: int = C4G64
 # ================================================================================== jitted cores
 # Compiled for njit and for CUDA (register_jitable). `src`, `out` are 1-D float32 arrays.
 @register_jitable
+def abs_or_inf(v):
+    """|v|, with NaN and inf both mapped to +inf so a plain max() carries "this group is bad"."""
+    a = abs(np.float32(v))
+    return a if a <= F32_MAX else np.float32(np.inf)
+
+
+@register_jitable
+def group_scale(fmt, amax, g):
+    """4-bit formats: E4M3 scale byte of a group with max |x| = amax (inf: poisoned, 0x7F)."""
+    if not (amax <= F32_MAX):
+        return E4M3_NAN
+    div = np.float32(7.0) if fmt == 3 else np.float32(6.0)
+    return e4m3_enc(min(np.float32(g) * amax / div, E4M3_MAX))
+
+
+@register_jitable
+def group_mult(sb, g):
+    """4-bit formats: r = g / s multiplies values into code units (0 for a zero or NaN scale)."""
+    s = e4m3_dec(sb)
+    return np.float32(g) / s if s > np.float32(0.0) else np.float32(0.0)
+
+
+@register_jitable
+def encode_pair(fmt, x0, x1, r, sb):
+    """4-bit formats: the byte holding x0 (low nibble) and x1 (high nibble)."""
+    if sb == E4M3_NAN:
+        return 0
+    if fmt == 3:
+        return iso3_enc(x0, r) | (iso3_enc(x1, r) << 4)
+    return e2m1_enc(x0 * r) | (e2m1_enc(x1 * r) << 4)
+
+
+@register_jitable
+def int8_row_scale(amax):
+    """int8: (fp32 scale stored per row, multiplier 127 / amax); NaN scale for a poisoned row."""
+    if not (amax <= F32_MAX):
+        return bits_f32(0x7FC00000), np.float32(0.0)
+    inv = np.float32(127.0) / amax if amax > np.float32(0.0) else np.float32(0.0)
+    return amax / np.float32(127.0), inv
+
+
+@register_jitable
 def quantize_chunk(fmt, src, s0, n, g, codes, scales, page, row, c0):
     """Quantize src[s0:s0+n] into row `row` of `page`, value columns c0..c0+n-1.
 
@@ -239,39 +288,19 @@ def quantize_chunk(fmt, src, s0, n, g, codes, scales, page, row, c0):
             codes[page, row, c0 + k] = bf16_enc(src[s0 + k])
         return
     amax = np.float32(0.0)
-    bad = False
     for k in range(n):
-        a = abs(src[s0 + k])
-        if not (a <= F32_MAX):  # NaN or inf
-            bad = True
-        elif a > amax:
-            amax = a
+        amax = max(amax, abs_or_inf(src[s0 + k]))
     if fmt == 1:  # int8: one fp32 scale for the row
-        if bad:
-            scales[page, row, 0] = bits_f32(0x7FC00000)
-            for k in range(n):
-                codes[page, row, c0 + k] = 0
-            return
-        scales[page, row, 0] = amax / np.float32(127.0)
-        inv = np.float32(127.0) / amax if amax > np.float32(0.0) else np.float32(0.0)
+        scale, inv = int8_row_scale(amax)
+        scales[page, row, 0] = scale
         for k in range(n):
-            codes[page, row, c0 + k] = int8_enc(src[s0 + k], inv)
+            codes[page, row, c0 + k] = int8_enc(src[s0 + k], inv) if inv > np.float32(0.0) else 0
         return
-    gs = np.float32(g)
-    div = np.float32(7.0) if fmt == 3 else np.float32(6.0)
-    grp = 64 if fmt == 4 else 16
-    sb = E4M3_NAN if bad else e4m3_enc(min(gs * amax / div, E4M3_MAX))
-    scales[page, row, c0 // grp] = sb
-    s = e4m3_dec(sb)
-    r = gs / s if s > np.float32(0.0) else np.float32(0.0)
+    sb = group_scale(fmt, amax, g)
+    scales[page, row, c0 >> (6 if fmt == 4 else 4)] = sb
+    r = group_mult(sb, g)
     for k in range(0, n, 2):
-        if bad:
-            byte = 0
-        elif fmt == 3:
-            byte = iso3_enc(src[s0 + k], r) | (iso3_enc(src[s0 + k + 1], r) << 4)
-        else:
-            byte = e2m1_enc(src[s0 + k] * r) | (e2m1_enc(src[s0 + k + 1] * r) << 4)
-        codes[page, row, (c0 + k) >> 1] = byte
+        codes[page, row, (c0 + k) >> 1] = encode_pair(fmt, src[s0 + k], src[s0 + k + 1], r, sb)
 
 
 @register_jitable
@@ -287,12 +316,12 @@ def dequantize_chunk(fmt, codes, scales, page, row, c0, n, g, out, o0):
         for k in range(n):
             out[o0 + k] = np.float32(codes[page, row, c0 + k]) * s
         return
-    grp = 64 if fmt == 4 else 16
+    sh = 6 if fmt == 4 else 4  # log2 of the group
     k = 0
     while k < n:
         c = c0 + k
-        d = e4m3_dec(np.int64(scales[page, row, c // grp])) / gs  # the group's step s / g
-        end = min(n, k + grp - c % grp)
+        d = e4m3_dec(np.int64(scales[page, row, c >> sh])) / gs  # the group's step s / g
+        end = min(n, k + (1 << sh) - (c & ((1 << sh) - 1)))
         while k < end:
             byte = np.int64(codes[page, row, (c0 + k) >> 1])
             if fmt == 3:
@@ -311,8 +340,7 @@ def decode_value(fmt, codes, scales, page, row, col, g):
         return bf16_dec(codes[page, row, col])
     if fmt == 1:
         return np.float32(codes[page, row, col]) * np.float32(scales[page, row, 0])
-    grp = 64 if fmt == 4 else 16
-    d = e4m3_dec(np.int64(scales[page, row, col // grp])) / np.float32(g)
+    d = e4m3_dec(np.int64(scales[page, row, col >> (6 if fmt == 4 else 4)])) / np.float32(g)
     byte = np.int64(codes[page, row, col >> 1])
     c = (byte >> 4) if (col & 1) else (byte & 15)
     return (iso3_dec(c) if fmt == 3 else e2m1_dec(c)) * d
@@ -320,7 +348,7 @@ def decode_value(fmt, codes, scales, page, row, col, g):
 
 @register_jitable
 def _chunk(fmt, head_dim):
-    """Values one kernel thread quantizes: a scale group (int8: the whole row, bf16: 16)."""
+    """Values per scale group as the CPU kernels walk a row (int8: the row, bf16: 16)."""
     if fmt == 1:
         return head_dim
     return 64 if fmt == 4 else 16
@@ -378,80 +406,135 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 
 
 # ================================================================================== CUDA
+# Layout of every kernel: one thread per PAIR of values (one code byte of the 4-bit formats), a
+# block of 256 threads shaped (D/2, 256 / (D/2)), so a warp reads 256 B of x and writes 32
+# consecutive code bytes: coalesced both ways. Group maxima (16, 64 or a whole row) are reduced
+# in shared memory by a tree over the group's 8, 32 or D/2 threads; hence D must be a power of
+# two (64, 128, 256). The scalar math is the same cores as the CPU kernels.
+_THREADS = 256
+
+
+@cuda.jit(device=True)
+def seg_max(smem, tid, v, seg):
+    """Max of v over aligned segments of `seg` consecutive threads (seg a power of two).
+
+    Every thread of the block must call it (it synchronises)."""
+    smem[tid] = v
+    s = 1
+    while s < seg:
+        cuda.syncthreads()
+        if (tid & (2 * s - 1)) == 0:
+            smem[tid] = max(smem[tid], smem[tid + s])
+        s *= 2
+    cuda.syncthreads()
+    out = smem[tid & ~(seg - 1)]
+    cuda.syncthreads()  # smem is reused by the next call
+    return out
+
+
+@register_jitable
+def _seg(fmt, half):
+    """Threads (value pairs) per scale group: 8 (nvfp4, iso3), 32 (c4g64), the row (int8)."""
+    if fmt == 1:
+        return half
+    if fmt == 4:
+        return 32
+    return 8 if fmt != 0 else 1
+
+
+@cuda.jit(device=True)
+def _store_pair(fmt, x0, x1, amax, g, codes, scales, page, row, col):
+    """Write the codes of x0, x1 (columns col, col+1) and, from the group's first thread, its scale."""
+    if fmt == 0:
+        codes[page, row, col] = bf16_enc(x0)
+        codes[page, row, col + 1] = bf16_enc(x1)
+    elif fmt == 1:
+        scale, inv = int8_row_scale(amax)
+        if col == 0:
+            scales[page, row, 0] = scale
+        codes[page, row, col] = int8_enc(x0, inv) if inv > np.float32(0.0) else 0
+        codes[page, row, col + 1] = int8_enc(x1, inv) if inv > np.float32(0.0) else 0
+    else:
+        sh = 6 if fmt == 4 else 4
+        sb = group_scale(fmt, amax, g)
+        if (col & ((1 << sh) - 1)) == 0:
+            scales[page, row, col >> sh] = sb
+        codes[page, row, col >> 1] = encode_pair(fmt, x0, x1, group_mult(sb, g), sb)
+
+
 @cuda.jit
 def append_cuda(fmt_id, x, pos0, table, codes, scales, gscale):
-    """One thread per (token, head, chunk); same semantics as append_cpu."""
+    """Same semantics as append_cpu. Block (D/2, 256 // (D/2)); row = token * H + head."""
     T, H, D = x.shape
     P = codes.shape[1]
-    n = _chunk(fmt_id, D)
-    per_row = D // n
-    i = cuda.grid(1)
-    if i >= T * H * per_row:
-        return
-    c0 = (i % per_row) * n
-    h = (i // per_row) % H
-    t = i // (per_row * H)
-    pos = pos0 + t
-    page = table[h, pos // P]
-    if page < 0:
-        return  # the host wrapper checks the table; a kernel cannot raise
-    quantize_chunk(fmt_id, x[t, h], c0, n, gscale[h], codes, scales, page, pos % P, c0)
+    smem = cuda.shared.array(_THREADS, np.float32)
+    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    col = 2 * cuda.threadIdx.x
+    r = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    live = r < T * H
+    t, h = (r // H, r % H) if live else (0, 0)
+    x0 = x[t, h, col] if live else np.float32(0.0)
+    x1 = x[t, h, col + 1] if live else np.float32(0.0)
+    amax = max(abs_or_inf(x0), abs_or_inf(x1))
+    if fmt_id != 0:
+        amax = seg_max(smem, tid, amax, _seg(fmt_id, D // 2))
+    if live:
+        pos = pos0 + t
+        page = table[h, pos // P]
+        if page >= 0:  # the host wrapper checks the table; a kernel cannot raise
+            _store_pair(fmt_id, x0, x1, amax, gscale[h], codes, scales, page, pos % P, col)
 
 
 @cuda.jit
 def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
-    """out[i] = page pages[i] decoded with global gs[i]; out float32 [n, P, D]. Thread per 16 values."""
+    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. Thread per pair."""
     n, P, D = out.shape
-    i = cuda.grid(1)
-    if i >= n * P * (D // 16):
+    r = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
+    if r >= n * P:
         return
-    c0 = (i % (D // 16)) * 16
-    t = (i // (D // 16)) % P
-    j = i // ((D // 16) * P)
-    dequantize_chunk(fmt_id, codes, scales, pages[j], t, c0, 16, gs[j], out[j, t], c0)
-
-
-_REQ_THREADS = 128
+    col = 2 * cuda.threadIdx.x
+    j, t = r // P, r % P
+    dequantize_chunk(fmt_id, codes, scales, pages[j], t, col, 2, gs[j], out[j, t], col)
 
 
 @cuda.jit
 def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g):
-    """One block per page: pass 1 finds the page amax (block max in shared memory), pass 2
-    decodes each 64-value chunk again (L1/L2 hits) and quantizes it to c4g64."""
-    j = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
+    """Block j requantizes page pages[j] (global gsrc[j]) to c4g64 in out_*[j].
+
+    Pass 1 reduces the page amax over the block (-> out_g[j] = global_scale_for(amax));
+    pass 2 decodes again (L1/L2 hits), reduces each 64-group's max over its 32 threads, encodes.
+    """
     P = codes.shape[1]
     D = out_codes.shape[2] * 2
-    chunks = P * (D // 64)
+    smem = cuda.shared.array(_THREADS, np.float32)
+    pair = cuda.local.array(2, np.float32)
+    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    rows = cuda.blockDim.y
+    col = 2 * cuda.threadIdx.x
+    j = cuda.blockIdx.x
     page = pages[j]
     g = gsrc[j]
-    buf = cuda.local.array(64, np.float32)
-    smax = cuda.shared.array(_REQ_THREADS, np.float32)
     amax = np.float32(0.0)
-    for c in range(tid, chunks, _REQ_THREADS):
-        t = c // (D // 64)
-        c0 = (c % (D // 64)) * 64
-        dequantize_chunk(fmt_id, codes, scales, page, t, c0, 64, g, buf, 0)
-        for k in range(64):
-            a = abs(buf[k])
-            if a <= F32_MAX and a > amax:
+    for t in range(cuda.threadIdx.y, P, rows):
+        dequantize_chunk(fmt_id, codes, scales, page, t, col, 2, g, pair, 0)
+        for k in range(2):
+            a = abs(pair[k])
+            if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
                 amax = a
-    smax[tid] = amax
-    cuda.syncthreads()
-    step = _REQ_THREADS // 2
-    while step > 0:
-        if tid < step:
-            smax[tid] = max(smax[tid], smax[tid + step])
-        cuda.syncthreads()
-        step //= 2
-    g2 = global_scale_for(smax[0])
+    amax = seg_max(smem, tid, amax, _THREADS)
+    g2 = global_scale_for(amax)
     if tid == 0:
         out_g[j] = g2
-    for c in range(tid, chunks, _REQ_THREADS):
-        t = c // (D // 64)
-        c0 = (c % (D // 64)) * 64
-        dequantize_chunk(fmt_id, codes, scales, page, t, c0, 64, g, buf, 0)
-        quantize_chunk(4, buf, 0, 64, g2, out_codes, out_scales, j, t, c0)
+    for t0 in range(0, P, rows):  # uniform trip count: every thread reaches each seg_max
+        t = t0 + cuda.threadIdx.y
+        x0 = np.float32(0.0)
+        x1 = np.float32(0.0)
+        if t < P:
+            dequantize_chunk(fmt_id, codes, scales, page, t, col, 2, g, pair, 0)
+            x0, x1 = pair[0], pair[1]
+        m = seg_max(smem, tid, max(abs_or_inf(x0), abs_or_inf(x1)), 32)
+        if t < P:
+            _store_pair(4, x0, x1, m, g2, out_codes, out_scales, j, t, col)
 
 
 # Device functions for other kernels (attention): decode one value, or a chunk into a local array.
@@ -460,29 +543,33 @@ dequantize_chunk_dev = cuda.jit(device=True)(dequantize_chunk)
 
 
 # ---------------------------------------------------------------------------------- host launches
-def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0, threads=128):
-    """Launch append_cuda on device (or host) arrays; returns after enqueueing."""
+def _block(head_dim: int) -> tuple[int, int]:
+    half = head_dim // 2
+    if head_dim < 64 or head_dim > 512 or head_dim & (head_dim - 1):
+        raise ValueError(f"CUDA codec kernels need head_dim a power of two in 64..512, got {head_dim}")
+    return half, _THREADS // half
+
+
+def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
+    """Quantize-append on the device (device or host arrays). The table must map every position."""
     T, H, D = x.shape
-    work = T * H * (D // _chunk_py(fmt_id, D))
-    if work:
-        append_cuda[math.ceil(work / threads), threads, stream](fmt_id, x, pos0, table, codes, scales, gscale)
+    bx, by = _block(D)
+    if T * H:
+        append_cuda[math.ceil(T * H / by), (bx, by), stream](fmt_id, x, pos0, table, codes, scales, gscale)
 
 
-def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0, threads=128):
+def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
     n, P, D = out.shape
-    work = n * P * (D // 16)
-    if work:
-        dequant_pages_cuda[math.ceil(work / threads), threads, stream](fmt_id, codes, scales, pages, gs, out)
+    bx, by = _block(D)
+    if n * P:
+        dequant_pages_cuda[math.ceil(n * P / by), (bx, by), stream](fmt_id, codes, scales, pages, gs, out)
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
+    bx, by = _block(out_codes.shape[2] * 2)
     if pages.shape[0]:
-        requant_c4g64_cuda[pages.shape[0], _REQ_THREADS, stream](
+        requant_c4g64_cuda[pages.shape[0], (bx, by), stream](
             fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g)
-
-
-def _chunk_py(fmt_id, head_dim):
-    return head_dim if fmt_id == INT8 else (64 if fmt_id == C4G64 else 16)
 
 
 # ================================================================================== PTX check
