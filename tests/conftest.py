@@ -26,6 +26,7 @@ def _gpu_present() -> bool:
 HAS_GPU = _gpu_present()
 if not HAS_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    __import__("cudasim_warp").install()  # warp intrinsics (ballot/shfl) for the simulator
 
 
 def pytest_collection_modifyitems(config, items):
