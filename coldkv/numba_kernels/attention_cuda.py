@@ -1,0 +1,499 @@
+"""CUDA GQA attention over the paged, mixed-format KV cache (decode and chunked causal prefill).
+
+One kernel serves both: query token t of a chunk of T tokens sits at position pos0 + t and sees
+the cached keys 0..pos0 + t (decode is T = 1). The work is split flash-decoding style:
+
+  grid (T, n_blocks, kv_heads), 4 warps per block. Warp w of block b owns a contiguous run of
+  `ppw` pages of the sequence (split index b * 4 + w) and keeps its own online softmax (running
+  max m, per-lane sums l, accumulator acc) for ALL the q heads of its kv group: every K/V page is
+  read once per kv head, not once per q head. Each warp writes its partial (m, l, acc) to a
+  preallocated workspace; `_reduce_kernel` merges the partials of every (t, q head) row.
+
+Inside a warp, 32-token chunks of a page go through three phases:
+  K   lanes are (token, column) pairs: LPT_K lanes per token, each owning E_K values of the row as
+      W_K 32-bit code words, interleaved across lanes (lane c reads words c, c + LPT_K, ..) so a
+      warp load covers whole 32-byte sectors. The lane decodes its words in registers (bf16:
+      shift; int8: magic-number float; E2M1/ISO3: 16-entry table in shared memory; E4M3 group
+      scales: 256-entry table in shared memory) and dots them with the q values it holds in
+      registers (pre-scaled by sm_scale * log2 e), one partial per q head; a shfl_xor butterfly
+      over the LPT_K lanes sums the partials. Group/row scales are applied once per word/row.
+  softmax  lane l owns token l of the chunk: a warp max per q head, lazy rescaling (the running
+      max moves only when the chunk max exceeds it by more than 2^8 = `_LAZY` in log2 units, so
+      the O(G * E) accumulator rescale is rare; exact, as the final division uses the same max),
+      p = exp2(s - m) goes to shared memory.
+  V   lanes are (token, column) pairs again (LPT_V lanes per token, formats of K and V may
+      differ), acc[g, dims] += p[g, token] * scale * value, decoded in registers.
+Nothing is dequantized to global memory. Scores and softmax run in float32.
+
+Block table entries: >= 0 hot page, -1 unallocated (never read), <= -2 a cold slot: NOT YET
+SUPPORTED here; such a page is skipped (contributes nothing) until the rANS device decoder
+plugs in. `paged_attention_cuda` refuses a table with cold entries in the attended range when
+it is given a host table (check_cold=True), so a skip never happens silently from the host API.
+
+Kernels are specialised per (K format, V format, group size G, head_dim D) by `_build` (the
+closure constants size the register arrays and fix the lane layout); `get_kernel` caches them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from coldkv.numba_kernels.fp import bits_f32
+from coldkv.numba_kernels.quant import BF16, FORMAT_IDS, INT8, ISO3, NVFP4, ref_e4m3_decode
+
+__all__ = ["SUPPORTED_FORMATS", "AttentionWorkspace", "paged_attention_cuda", "plan_splits",
+           "lane_layout", "get_kernel", "PTX_SIGNATURES"]
+
+SUPPORTED_FORMATS = (BF16, INT8, NVFP4, ISO3)
+NWARPS = 4  # warps per block; each warp is one split
+THREADS = 32 * NWARPS
+CHUNK = 32  # tokens per softmax step (one per lane)
+_LAZY = np.float32(8.0)  # log2 units: rescale only when the max grows by more than this
+_NEG_INF = np.float32(-np.inf)
+_LOG2E = 1.4426950408889634
+_VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}  # values per 32-bit code word
+
+
+def _SCALE_COLS(fmt: int, D: int) -> int:
+    return {BF16: 0, INT8: 1, NVFP4: D // 16, ISO3: D // 16}[fmt]
+
+# 16-entry value tables of the 4-bit formats (sign in bit 3) and the 256-entry E4M3 table.
+_E2M1_TAB = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+_ISO3_TAB = np.array([0, 1, 2, 3, 4, 5, 6, 7, -0.0, -1, -2, -3, -4, -5, -6, -7], np.float32)
+_E4M3_TAB = ref_e4m3_decode(np.arange(256, dtype=np.uint8)).astype(np.float32)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def lane_layout(fmt: int, G: int, D: int, plane: str = "k", shrink: int = 0):
+    """(E values per lane per token, LPT lanes per token, W code words per lane, VPW values per word).
+
+    q (G * E_K floats) and acc (G * E_V) live in registers. K lanes sum their partial dots with a
+    log2(LPT_K)-step butterfly per token, so K wants many values per lane (E_K = 64 // G); the V
+    phase has no per-token reduction, so E_V is half that (fewer registers, same FMAs). At most
+    32 lanes per token, at least one code word per lane. `shrink` halves E (smaller chunks)."""
+    vpw = _VPW[fmt]
+    budget = (64 if plane == "k" else 32) >> shrink
+    e = min(D, max(_pow2_floor(budget // G) if G <= budget else 1, D // 32, vpw))
+    return e, D // e, e // vpw, vpw
+
+
+_STAGE_BYTES = 6144  # per warp: code words + decoded scales of one chunk, K and V
+_SMEM_LIMIT = 40 * 1024
+
+
+def chunk_layout(kf: int, vf: int, G: int, D: int):
+    """(lane layout K, lane layout V, CH tokens per chunk): a chunk of CH rows of K and V is staged
+    in the warp's shared memory; CH >= the tokens one lane step covers, <= 32 (one per lane)."""
+    for shrink in range(4):
+        lk, lv = lane_layout(kf, G, D, "k", shrink), lane_layout(vf, G, D, "v", shrink)
+        per_tok = 4 * (D // lk[3] + D // lv[3] + _SCALE_COLS(kf, D) + _SCALE_COLS(vf, D))
+        ch = min(32, max(32 // lk[1], 32 // lv[1], _pow2_floor(_STAGE_BYTES // per_tok)))
+        if NWARPS * ch * per_tok <= _SMEM_LIMIT or shrink == 3:
+            return lk, lv, ch
+    raise AssertionError
+
+
+def _table16(fmt):
+    return _ISO3_TAB if fmt == ISO3 else _E2M1_TAB
+
+
+def _build(kf: int, vf: int, G: int, D: int):
+    """The attention kernel for K format kf, V format vf, G q heads per kv head, head_dim D."""
+    (EK, LPT_K, WK, VPWK), (EV, LPT_V, WV, VPWV), CH = chunk_layout(kf, G=G, D=D, vf=vf)
+    TPW_K, TPW_V = 32 // LPT_K, 32 // LPT_V
+    NSK, NSV = CH // TPW_K, CH // TPW_V  # lane steps per chunk
+    RWK, RWV = D // VPWK, D // VPWV  # 32-bit code words per row
+    SCK, SCV = _SCALE_COLS(kf, D), _SCALE_COLS(vf, D)  # scale entries per row
+    NLK, NLV = CH * RWK // 32, CH * RWV // 32  # staged words per lane
+    NSCK, NSCV = -(-CH * SCK // 32), -(-CH * SCV // 32)  # staged scales per lane
+    SKW, SVW = CH * RWK, CH * RWV
+    SKS, SVS = max(1, CH * SCK), max(1, CH * SCV)
+    K4 = kf in (NVFP4, ISO3)
+    V4 = vf in (NVFP4, ISO3)
+    KTAB = _table16(kf)
+    VTAB = _table16(vf)
+    E4TAB = _E4M3_TAB
+    f32 = np.float32
+    u64 = np.uint64
+
+    @cuda.jit
+    def attn_kernel(q, pos0, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ppw,
+                    ws_acc, ws_ml):
+        # k_words/v_words: the pools' codes as flat uint32 words, row r of page pg at (pg * P + r) * RW;
+        # k_scales/v_scales: the pools' scales, flat (uint8 E4M3 bytes or float32 int8 row scales).
+        # Global indices are cast to uint64 so numba emits no negative-index wraparound code.
+        t = cuda.blockIdx.x
+        blk = cuda.blockIdx.y
+        h = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        split = blk * NWARPS + warp
+
+        lutk = cuda.shared.array(16, np.float32)
+        lutv = cuda.shared.array(16, np.float32)
+        e4 = cuda.shared.array(256, np.float32)
+        sbuf = cuda.shared.array((NWARPS, G, 32), np.float32)
+        skw = cuda.shared.array((NWARPS, SKW), np.uint32)  # staged chunk: K code words
+        svw = cuda.shared.array((NWARPS, SVW), np.uint32)
+        sks = cuda.shared.array((NWARPS, SKS), np.float32)  # staged, decoded scales (step s/g)
+        svs = cuda.shared.array((NWARPS, SVS), np.float32)
+        if tid < 16:
+            lutk[tid] = KTAB[tid]
+            lutv[tid] = VTAB[tid]
+        for i in range(tid, 256, THREADS):
+            e4[i] = E4TAB[i]
+        cuda.syncthreads()
+
+        L = pos0 + t + 1  # keys this query sees
+        npages = (L + P - 1) // P
+        p_begin = split * ppw
+        p_end = min(p_begin + ppw, npages)
+
+        ck = lane % LPT_K
+        tk = lane // LPT_K
+        cv = lane % LPT_V
+        tv = lane // LPT_V
+        hq0 = h * G
+
+        qr = cuda.local.array((G, WK, VPWK), np.float32)
+        for g in range(G):
+            for k in range(WK):
+                col = (ck + LPT_K * k) * VPWK
+                for i in range(VPWK):
+                    qr[g, k, i] = q[t, hq0 + g, col + i] * qscale
+        acc = cuda.local.array((G, WV, VPWV), np.float32)
+        for g in range(G):
+            for k in range(WV):
+                for i in range(VPWV):
+                    acc[g, k, i] = f32(0.0)
+        m_run = cuda.local.array(G, np.float32)
+        l_run = cuda.local.array(G, np.float32)
+        for g in range(G):
+            m_run[g] = _NEG_INF
+            l_run[g] = f32(0.0)
+        dots = cuda.local.array(G, np.float32)
+        prob = cuda.local.array(G, np.float32)
+        kv = cuda.local.array(VPWK, np.float32)
+        vv = cuda.local.array(VPWV, np.float32)
+        inv_gk = f32(1.0) / gscale[0, h]
+        inv_gv = f32(1.0) / gscale[1, h]
+
+        for p in range(p_begin, p_end):
+            pk = table[0, h, p]
+            pv = table[1, h, p]
+            if pk < 0 or pv < 0:
+                continue  # -1: unallocated; <= -2: cold slot (not decoded here yet)
+            nval = min(P, L - p * P)
+            for c0 in range(0, nval, CH):
+                n = min(CH, nval - c0)
+                # ---------------- stage the chunk's rows (contiguous in the pools), coalesced
+                rk0 = pk * P + c0
+                rv0 = pv * P + c0
+                bk = rk0 * RWK
+                bv = rv0 * RWV
+                nk = n * RWK
+                nv = n * RWV
+                for j in range(NLK):
+                    i = lane + 32 * j
+                    if i < nk:
+                        skw[warp, i] = k_words[u64(bk + i)]
+                for j in range(NLV):
+                    i = lane + 32 * j
+                    if i < nv:
+                        svw[warp, i] = v_words[u64(bv + i)]
+                if kf == 1:
+                    if lane < n:
+                        sks[warp, lane] = k_scales[u64(rk0 + lane)]
+                elif K4:
+                    for j in range(NSCK):
+                        i = lane + 32 * j
+                        if i < n * SCK:
+                            sks[warp, i] = e4[k_scales[u64(rk0 * SCK + i)]] * inv_gk
+                if vf == 1:
+                    if lane < n:
+                        svs[warp, lane] = v_scales[u64(rv0 + lane)]
+                elif V4:
+                    for j in range(NSCV):
+                        i = lane + 32 * j
+                        if i < n * SCV:
+                            svs[warp, i] = e4[v_scales[u64(rv0 * SCV + i)]] * inv_gv
+                cuda.syncwarp()
+                # ---------------- K: scores of the chunk's tokens for the G q heads
+                for s in range(NSK):
+                    tok = s * TPW_K + tk
+                    for g in range(G):
+                        dots[g] = f32(0.0)
+                    if tok < n:
+                        for k in range(WK):
+                            wi = ck + LPT_K * k
+                            w = skw[warp, tok * RWK + wi]
+                            if kf == 0:  # bf16
+                                kv[0] = bits_f32((w & 0xFFFF) << 16)
+                                kv[1] = bits_f32(w & 0xFFFF0000)
+                            elif kf == 1:  # int8: 0x4B000000 | (byte ^ 0x80) is 2^23 + 128 + code
+                                for i in range(VPWK):
+                                    kv[i] = bits_f32(((w >> (8 * i)) & 0xFF) ^ 0x4B000080) - f32(8388736.0)
+                            else:
+                                for i in range(VPWK):
+                                    kv[i] = lutk[(w >> (4 * i)) & 15]
+                            if K4:
+                                d = sks[warp, tok * SCK + (wi >> 1)]
+                                for g in range(G):
+                                    part = f32(0.0)
+                                    for i in range(VPWK):
+                                        part += qr[g, k, i] * kv[i]
+                                    dots[g] += part * d
+                            else:
+                                for g in range(G):
+                                    part = dots[g]
+                                    for i in range(VPWK):
+                                        part += qr[g, k, i] * kv[i]
+                                    dots[g] = part
+                        if kf == 1:
+                            rs = sks[warp, tok]
+                            for g in range(G):
+                                dots[g] *= rs
+                    for g in range(G):  # butterfly over the LPT_K lanes of a token
+                        x = dots[g]
+                        off = 1
+                        while off < LPT_K:
+                            x += cuda.shfl_xor_sync(0xFFFFFFFF, x, off)
+                            off *= 2
+                        if ck == 0:
+                            sbuf[warp, g, tok] = x if tok < n else _NEG_INF
+                cuda.syncwarp()
+                # ---------------- softmax step: lane owns token `lane` of the chunk
+                for g in range(G):
+                    sc = sbuf[warp, g, lane] if lane < CH else _NEG_INF
+                    mx = sc
+                    off = 1
+                    while off < 32:
+                        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, off))
+                        off *= 2
+                    mo = m_run[g]
+                    if mx > mo + _LAZY:  # warp-uniform
+                        alpha = math.exp2(mo - mx)
+                        l_run[g] *= alpha
+                        for k in range(WV):
+                            for i in range(VPWV):
+                                acc[g, k, i] *= alpha
+                        m_run[g] = mx
+                    pr = math.exp2(sc - m_run[g])
+                    l_run[g] += pr
+                    if lane < CH:
+                        sbuf[warp, g, lane] = pr
+                cuda.syncwarp()
+                # ---------------- V: acc += p * v
+                for s in range(NSV):
+                    tok = s * TPW_V + tv
+                    if tok < n:
+                        for g in range(G):
+                            prob[g] = sbuf[warp, g, tok]
+                        if vf == 1:
+                            rs = svs[warp, tok]
+                            for g in range(G):
+                                prob[g] *= rs
+                        for k in range(WV):
+                            wi = cv + LPT_V * k
+                            w = svw[warp, tok * RWV + wi]
+                            if vf == 0:
+                                vv[0] = bits_f32((w & 0xFFFF) << 16)
+                                vv[1] = bits_f32(w & 0xFFFF0000)
+                            elif vf == 1:
+                                for i in range(VPWV):
+                                    vv[i] = bits_f32(((w >> (8 * i)) & 0xFF) ^ 0x4B000080) - f32(8388736.0)
+                            else:
+                                for i in range(VPWV):
+                                    vv[i] = lutv[(w >> (4 * i)) & 15]
+                            if V4:
+                                d = svs[warp, tok * SCV + (wi >> 1)]
+                                for g in range(G):
+                                    pd = prob[g] * d
+                                    for i in range(VPWV):
+                                        acc[g, k, i] += pd * vv[i]
+                            else:
+                                for g in range(G):
+                                    pd = prob[g]
+                                    for i in range(VPWV):
+                                        acc[g, k, i] += pd * vv[i]
+                cuda.syncwarp()
+
+        # ---------------- the warp's partial: (m, l, acc) per q head
+        for g in range(G):
+            x = l_run[g]
+            off = 1
+            while off < 32:
+                x += cuda.shfl_xor_sync(0xFFFFFFFF, x, off)
+                off *= 2
+            l_run[g] = x
+            for k in range(WV):
+                for i in range(VPWV):
+                    a = acc[g, k, i]
+                    off = LPT_V
+                    while off < 32:
+                        a += cuda.shfl_xor_sync(0xFFFFFFFF, a, off)
+                        off *= 2
+                    acc[g, k, i] = a
+        if tv == 0:
+            for g in range(G):
+                for k in range(WV):
+                    col = (cv + LPT_V * k) * VPWV
+                    for i in range(VPWV):
+                        ws_acc[split, t, hq0 + g, col + i] = acc[g, k, i]
+        if lane == 0:
+            for g in range(G):
+                ws_ml[split, t, hq0 + g, 0] = m_run[g]
+                ws_ml[split, t, hq0 + g, 1] = l_run[g]
+
+    return attn_kernel
+
+
+REDUCE_THREADS = 128
+
+
+@cuda.jit
+def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
+    """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq)."""
+    T, Hq, D = out.shape
+    r = cuda.blockIdx.x
+    t = r // Hq
+    hq = r % Hq
+    M = _NEG_INF
+    for s in range(n_splits):
+        M = max(M, ws_ml[s, t, hq, 0])
+    for d in range(cuda.threadIdx.x, D, REDUCE_THREADS):
+        num = np.float32(0.0)
+        den = np.float32(0.0)
+        for s in range(n_splits):
+            m = ws_ml[s, t, hq, 0]
+            if m > _NEG_INF:
+                w = math.exp2(m - M)
+                den += w * ws_ml[s, t, hq, 1]
+                num += w * ws_acc[s, t, hq, d]
+        out[t, hq, d] = num / den
+
+
+_KERNELS: dict = {}
+
+
+def get_kernel(kf: int, vf: int, G: int, D: int):
+    key = (int(kf), int(vf), int(G), int(D))
+    if key not in _KERNELS:
+        if kf not in SUPPORTED_FORMATS or vf not in SUPPORTED_FORMATS:
+            raise ValueError(f"attention_cuda: hot formats are bf16/int8/nvfp4/iso3, got K={kf} V={vf}")
+        if D % 64:
+            raise ValueError(f"attention_cuda: head_dim must be a multiple of 64, got {D}")
+        _KERNELS[key] = _build(*key)
+    return _KERNELS[key]
+
+
+# ==================================================================================== host side
+def _sm_count() -> int:
+    try:
+        return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+    except Exception:  # the simulator
+        return 4
+
+
+def plan_splits(T: int, H: int, L_max: int, P: int, n_sm: int, max_splits: int):
+    """(pages per warp, blocks per (t, kv head)): about 16 warps per SM over the whole grid."""
+    npages = max(1, -(-L_max // P))
+    want_blocks = max(1, -(-(n_sm * 16) // (NWARPS * T * H)))
+    want_blocks = min(want_blocks, max(1, max_splits // NWARPS))
+    ppw = max(1, -(-npages // (want_blocks * NWARPS)))
+    nwarps = -(-npages // ppw)
+    return ppw, -(-nwarps // NWARPS)
+
+
+class AttentionWorkspace:
+    """Preallocated split partials: acc [splits, T, Hq, D] and (m, l) [splits, T, Hq, 2] fp32.
+
+    Capacity is in rows of T * Hq: a launch of T tokens uses at most max_rows // (T * Hq) splits
+    (rounded down to whole blocks)."""
+
+    def __init__(self, max_splits: int, max_T: int, Hq: int, D: int):
+        self.max_splits, self.max_T, self.Hq, self.D = int(max_splits), int(max_T), int(Hq), int(D)
+        n = self.max_splits * self.max_T * self.Hq
+        self.acc = cuda.device_array(n * self.D, np.float32)
+        self.ml = cuda.device_array(n * 2, np.float32)
+        self._views: dict = {}
+        self.n_sm = _sm_count()
+
+    def views(self, splits: int, T: int):
+        key = (splits, T)
+        v = self._views.get(key)
+        if v is None:
+            n = splits * T * self.Hq
+            v = (self.acc[: n * self.D].reshape(splits, T, self.Hq, self.D),
+                 self.ml[: n * 2].reshape(splits, T, self.Hq, 2))
+            self._views[key] = v
+        return v
+
+
+def _flat(a, dtype=None):
+    """A C-contiguous pool array as a flat 1-D view (no copy), optionally reinterpreted."""
+    if dtype is not None:
+        a = a.view(dtype)
+    return a.reshape(a.size)
+
+
+def _cold_in_range(table, n_pages: int) -> bool:
+    t = np.asarray(table)
+    return bool((t[:, :, :n_pages] <= -2).any())
+
+
+def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
+                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=False):
+    """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
+    attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
+    pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
+    Enqueues two kernels on `stream`; no device allocation."""
+    T, Hq, D = q.shape
+    H = table.shape[1]
+    G = Hq // H
+    P = k_codes.shape[1]
+    if T > ws.max_T or Hq != ws.Hq or D != ws.D:
+        raise ValueError(f"attention workspace is for T<={ws.max_T}, Hq={ws.Hq}, D={ws.D}; got {T}, {Hq}, {D}")
+    L_max = pos0 + T
+    if check_cold and isinstance(table, np.ndarray) and _cold_in_range(table, -(-L_max // P)):
+        raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
+    ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
+    splits = nblk * NWARPS
+    ws_acc, ws_ml = ws.views(splits, T)
+    kern = get_kernel(k_fmt, v_fmt, G, D)
+    qscale = np.float32(sm_scale * _LOG2E)
+    kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), _flat(k_scales),
+                                        _flat(v_codes, np.uint32), _flat(v_scales), gscale, table, ppw,
+                                        ws_acc, ws_ml)
+    _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
+    return out
+
+
+# ==================================================================================== PTX check
+_SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint8", ISO3: "uint8"}
+
+
+def _kernel_sig(kf, vf):
+    return (f"void(float32[:,:,::1], int64, float32, int64, uint32[::1], {_SCALE_T[kf]}[::1], "
+            f"uint32[::1], {_SCALE_T[vf]}[::1], float32[:,::1], int32[:,:,::1], int64, "
+            "float32[:,:,:,::1], float32[:,:,:,::1])")
+
+
+def _ptx_signatures():
+    out = [(_reduce_kernel, "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1])")]
+    for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
+        for vf in SUPPORTED_FORMATS:
+            out.append((get_kernel(kf, vf, 4, 128), _kernel_sig(kf, vf)))
+    for kf, vf, G, D in [(NVFP4, NVFP4, 1, 64), (BF16, INT8, 6, 256), (INT8, ISO3, 8, 128),
+                         (NVFP4, BF16, 6, 64)]:  # other lane layouts
+        out.append((get_kernel(kf, vf, G, D), _kernel_sig(kf, vf)))
+    return out
+
+
+PTX_SIGNATURES = _ptx_signatures()

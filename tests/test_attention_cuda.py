@@ -1,0 +1,242 @@
+"""CUDA paged GQA attention (decode and chunked causal prefill) == dense reference.
+
+The cache is filled through the formats engineer's quantizer (quant.append_cpu) with a random
+block table; the reference (attention.attention_reference, float64) runs on the dense K/V decoded
+by quant.ref_dequantize, so the only error measured is the attention arithmetic. The bound is
+flash-attention style: a small multiple of the error of the same dense attention computed in
+float32, plus a tiny absolute floor. Outputs are poisoned with NaN before each launch; pool pages
+and rows the kernel must not read hold NaN-coded values.
+
+Without a GPU the kernels run under the CUDA simulator on small shapes; `gpu` tests use large
+shapes and also compare with torch SDPA.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from coldkv.numba_kernels import attention_cuda as A
+from coldkv.numba_kernels import quant as Q
+from coldkv.numba_kernels.attention import attention_reference
+
+FMTS = {"bf16": Q.BF16, "int8": Q.INT8, "nvfp4": Q.NVFP4, "iso3": Q.ISO3}
+
+
+def _poison_pool(fmt, codes, scales, rng):
+    """NaN-coded values everywhere: a read of a page or row never written shows up as NaN."""
+    if fmt == Q.BF16:
+        codes[...] = 0x7FC0
+    elif fmt == Q.INT8:
+        codes[...] = rng.integers(-127, 128, codes.shape, dtype=np.int8)
+        scales[...] = np.nan
+    else:
+        codes[...] = rng.integers(0, 256, codes.shape, dtype=np.uint8)
+        scales[...] = 0x7F  # E4M3 NaN
+
+
+def make_cache(kf, vf, L, H, D, P, seed, spare_pages=3):
+    """Random K/V [L, H, D] quantized into shuffled pages. Returns (pools, table, gscale, kd, vd)
+    with kd/vd the dense decoded K/V (what the kernel must attend over)."""
+    rng = np.random.default_rng(seed)
+    n_lp = -(-L // P)
+    k = rng.standard_normal((L, H, D)).astype(np.float32)
+    k[:, :, 5] *= 6  # an outlier channel, as real K has
+    v = rng.standard_normal((L, H, D)).astype(np.float32)
+    n_pages = H * n_lp + spare_pages
+    perm = rng.permutation(n_pages)[: H * n_lp].astype(np.int32)
+    tk = perm.reshape(H, n_lp)
+    tv = rng.permutation(perm).reshape(H, n_lp).astype(np.int32)
+    max_pages = n_lp + 2
+    table = np.full((2, H, max_pages), -1, np.int32)
+    table[0, :, :n_lp], table[1, :, :n_lp] = tk, tv
+    gscale = np.empty((2, H), np.float32)
+    pools, dense = [], []
+    for plane, (fmt, x) in enumerate([(kf, k), (vf, v)]):
+        codes, scales = Q.pool_arrays(fmt, n_pages, P, D)
+        _poison_pool(fmt, codes, scales, rng)
+        for h in range(H):
+            gscale[plane, h] = Q.global_scale_for(np.abs(x[:, h]).max())
+        Q.append_cpu(fmt, x, 0, table[plane], codes, scales, gscale[plane])
+        xd = np.empty_like(x)
+        for h in range(H):
+            for lp in range(n_lp):
+                pg = table[plane, h, lp]
+                rows = Q.ref_dequantize(codes[pg], scales[pg], fmt, gscale[plane, h], D)
+                n = min(P, L - lp * P)
+                xd[lp * P: lp * P + n, h] = rows[:n]
+        pools.append((codes, scales))
+        dense.append(xd)
+    return pools, table, gscale, dense[0], dense[1]
+
+
+def dense_attention_f32(q, k, v, pos0, sm_scale):
+    """The same attention as attention_reference, in float32 (its error sets the tolerance)."""
+    T, Hq, D = q.shape
+    L, H, _ = k.shape
+    G = Hq // H
+    out = np.empty((T, Hq, D), np.float32)
+    mask = np.arange(L)[None, :] > (pos0 + np.arange(T))[:, None]
+    for hq in range(Hq):
+        s = (q[:, hq, :] @ k[:, hq // G, :].T) * np.float32(sm_scale)
+        s[mask] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, hq, :] = (p / p.sum(axis=1, keepdims=True)) @ v[:, hq // G, :]
+    return out
+
+
+def run_case(kf, vf, G, D, L, T=1, H=2, P=16, seed=0, ws=None, qscale=1.0):
+    """Run the CUDA kernel on a fresh random cache of L tokens (query chunk = the last T)."""
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, seed)
+    rng = np.random.default_rng(seed + 1000)
+    Hq = G * H
+    q = (rng.standard_normal((T, Hq, D)) * qscale).astype(np.float32)
+    pos0 = L - T
+    sm = 1.0 / math.sqrt(D)
+    ws = ws or A.AttentionWorkspace(64, T, Hq, D)
+    out = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
+    (kc, ks), (vc, vs) = pools
+    A.paged_attention_cuda(cuda.to_device(q), out, pos0, sm, kf, cuda.to_device(kc), cuda.to_device(ks),
+                           vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
+                           cuda.to_device(table), ws, check_cold=False)
+    got = out.copy_to_host()
+    ref = attention_reference(q, kd, vd, pos0, sm)
+    ref32 = dense_attention_f32(q, kd, vd, pos0, sm)
+    return got, ref, ref32
+
+
+def check(got, ref, ref32, factor=8.0):
+    assert np.isfinite(got).all(), "NaN/inf in output (poisoned read or unwritten output)"
+    err = np.abs(got - ref).max()
+    err32 = np.abs(ref32 - ref).max()
+    bound = factor * err32 + 1e-6 * np.abs(ref).max()
+    assert err <= bound, f"max err {err:.3g} > bound {bound:.3g} (float32 reference err {err32:.3g})"
+
+
+# ------------------------------------------------------------------------------ simulator, small
+@pytest.mark.parametrize("kname", list(FMTS))
+@pytest.mark.parametrize("vname", list(FMTS))
+def test_decode_every_format_pair(kname, vname):
+    kf, vf = FMTS[kname], FMTS[vname]
+    got, ref, ref32 = run_case(kf, vf, G=4, D=64, L=37, H=1, seed=len(kname) * 10 + len(vname))
+    check(got, ref, ref32)
+
+
+@pytest.mark.parametrize("G,D,fmts", [(1, 64, ("nvfp4", "iso3")), (6, 64, ("int8", "bf16")),
+                                      (4, 128, ("iso3", "nvfp4")), (6, 256, ("nvfp4", "int8")),
+                                      (1, 256, ("bf16", "nvfp4"))])
+def test_decode_gqa_ratios_and_head_dims(G, D, fmts):
+    got, ref, ref32 = run_case(FMTS[fmts[0]], FMTS[fmts[1]], G=G, D=D, L=21, H=1, P=8, seed=G * D)
+    check(got, ref, ref32)
+
+
+@pytest.mark.parametrize("L,P", [(1, 16), (16, 16), (33, 16), (100, 32), (64, 64), (130, 64)])
+def test_decode_context_lengths(L, P):
+    got, ref, ref32 = run_case(Q.NVFP4, Q.INT8, G=4, D=64, L=L, H=1, P=P, seed=L)
+    check(got, ref, ref32)
+
+
+def test_decode_large_logits_lazy_rescale():
+    """Scores spanning far more than the lazy-rescale threshold still give the exact softmax."""
+    got, ref, ref32 = run_case(Q.BF16, Q.BF16, G=2, D=64, L=90, H=1, P=16, seed=5, qscale=12.0)
+    check(got, ref, ref32)
+
+
+@pytest.mark.parametrize("T,L", [(4, 4), (6, 40)])
+def test_prefill_chunk_causal(T, L):
+    got, ref, ref32 = run_case(Q.ISO3, Q.NVFP4, G=2, D=64, L=L, T=T, H=1, P=16, seed=T)
+    check(got, ref, ref32)
+
+
+def test_many_splits_share_a_workspace():
+    """Several warps/blocks per head (tiny ppw) and a workspace reused across calls."""
+    ws = A.AttentionWorkspace(64, 2, 2, 64)
+    ws.n_sm = 8  # as on a bigger GPU: several splits for a short context
+    for seed, L in [(1, 70), (2, 33)]:
+        got, ref, ref32 = run_case(Q.NVFP4, Q.NVFP4, G=2, D=64, L=L, T=2, H=1, P=8, seed=seed, ws=ws)
+        check(got, ref, ref32)
+
+
+def test_plan_splits():
+    ppw, nblk = A.plan_splits(1, 8, 131072, 64, 132, 4096)
+    assert ppw * nblk * A.NWARPS >= 2048 and nblk * 8 * A.NWARPS >= 132 * 8
+    ppw, nblk = A.plan_splits(512, 8, 4096, 64, 132, 4096)
+    assert nblk == 1 and ppw == 16
+    assert A.plan_splits(1, 1, 6400, 64, 132, 8) == (13, 2)  # capped by the workspace
+
+
+def test_cold_pages_refused_from_host_table():
+    pools, table, gscale, kd, vd = make_cache(Q.BF16, Q.BF16, 20, 1, 64, 8, 0)
+    table[0, 0, 1] = -2
+    ws = A.AttentionWorkspace(8, 1, 1, 64)
+    (kc, ks), (vc, vs) = pools
+    q = np.zeros((1, 1, 64), np.float32)
+    with pytest.raises(NotImplementedError):
+        A.paged_attention_cuda(q, q.copy(), 19, 0.125, Q.BF16, kc, ks, Q.BF16, vc, vs, gscale, table, ws,
+                               check_cold=True)
+
+
+# ------------------------------------------------------------------------------ GPU, large
+def _sdpa(q, kd, vd, pos0, sm):
+    torch = pytest.importorskip("torch")
+    T, Hq, D = q.shape
+    qt = torch.from_numpy(q).cuda().permute(1, 0, 2)[None]  # [1, Hq, T, D]
+    kt = torch.from_numpy(kd).cuda().permute(1, 0, 2)[None]
+    vt = torch.from_numpy(vd).cuda().permute(1, 0, 2)[None]
+    L = kd.shape[0]
+    mask = torch.arange(L, device="cuda")[None, :] <= (pos0 + torch.arange(T, device="cuda"))[:, None]
+    o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=sm, enable_gqa=True)
+    return o[0].permute(1, 0, 2).cpu().numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kname,vname", [("bf16", "bf16"), ("int8", "int8"), ("nvfp4", "nvfp4"),
+                                         ("nvfp4", "iso3"), ("int8", "nvfp4"), ("iso3", "bf16")])
+@pytest.mark.parametrize("G,D", [(4, 128), (6, 256), (1, 64)])
+def test_gpu_decode_large(kname, vname, G, D):
+    L, H = 20000 + 17, 2
+    got, ref, ref32 = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=H, P=64, seed=G + D,
+                               ws=A.AttentionWorkspace(1024, 1, G * H, D))
+    check(got, ref, ref32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kname,vname", [("nvfp4", "nvfp4"), ("bf16", "int8")])
+def test_gpu_prefill_large_vs_sdpa(kname, vname):
+    kf, vf = FMTS[kname], FMTS[vname]
+    T, L, H, G, D, P = 300, 5000, 2, 4, 128, 64
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 3)
+    q = np.random.default_rng(4).standard_normal((T, G * H, D)).astype(np.float32)
+    ws = A.AttentionWorkspace(1024, T, G * H, D)
+    out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+    (kc, ks), (vc, vs) = pools
+    sm = 1 / math.sqrt(D)
+    A.paged_attention_cuda(cuda.to_device(q), out, L - T, sm, kf, cuda.to_device(kc), cuda.to_device(ks), vf,
+                           cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale), cuda.to_device(table), ws)
+    got = out.copy_to_host()
+    ref = attention_reference(q, kd, vd, L - T, sm)
+    check(got, ref, dense_attention_f32(q, kd, vd, L - T, sm))
+    # torch SDPA (float32 on the GPU; TF32 off by default for matmul in SDPA math/mem-efficient paths)
+    sd = _sdpa(q, kd, vd, L - T, sm)
+    assert np.abs(sd - ref).max() < 1e-3 and np.abs(got - sd).max() < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_decode_vs_sdpa_long():
+    G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
+    pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)
+    q = np.random.default_rng(10).standard_normal((1, G * H, D)).astype(np.float32)
+    ws = A.AttentionWorkspace(4096, 1, G * H, D)
+    out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
+    (kc, ks), (vc, vs) = pools
+    sm = 1 / math.sqrt(D)
+    A.paged_attention_cuda(cuda.to_device(q), out, L - 1, sm, Q.NVFP4, cuda.to_device(kc), cuda.to_device(ks),
+                           Q.NVFP4, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
+                           cuda.to_device(table), ws)
+    got = out.copy_to_host()
+    ref = attention_reference(q, kd, vd, L - 1, sm)
+    check(got, ref, dense_attention_f32(q, kd, vd, L - 1, sm))
+    sd = _sdpa(q, kd, vd, L - 1, sm)
+    assert np.abs(got - sd).max() < 1e-3
