@@ -42,7 +42,7 @@ def test_paged_equals_dense_random_block_table(kv):
     H, G, D, P = 2, 3, 64, 16
     cache = PagedKVCache(KVTable("t", (kv,)), H, D, max_tokens=200, page_tokens=P)
     for pool in cache.pools[0]:  # pre-grow and shuffle the free lists: pages land in random order
-        pool.grow(40, P, D)
+        pool.grow(40, P, D, cap=40)
         rng.shuffle(pool.free)
     k = rng.standard_normal((90, H, D)).astype(np.float32)
     v = rng.standard_normal((90, H, D)).astype(np.float32)
@@ -94,6 +94,8 @@ def test_cache_sizes():
     cache.extend(65)  # two pages per (layer, plane, head)
     assert cache.nbytes == 2 * 2 * 2 * (2 * 64 * 72 + 4)
     assert cache.reserved_nbytes >= cache.nbytes - 32
+    cache.extend(1000 - 65)  # pools never grow past what max_tokens needs: 16 pages per head
+    assert cache.reserved_nbytes == cache.nbytes - 2 * 2 * 2 * 4 == 2 * 2 * 2 * 16 * 64 * 72
 
 
 # ------------------------------------------------------------------------------ model

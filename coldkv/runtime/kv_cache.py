@@ -46,12 +46,14 @@ class Pool:
     def page_nbytes(self) -> int:
         return (self.codes.nbytes + self.scales.nbytes) // max(1, self.codes.shape[0])
 
-    def grow(self, need: int, page_tokens: int, head_dim: int) -> None:
-        """Make at least `need` pages free (capacity doubles, so growth costs O(1) amortized)."""
+    def grow(self, need: int, page_tokens: int, head_dim: int, cap: int) -> None:
+        """Make at least `need` pages free. Capacity doubles (O(1) amortized copying) but never
+        passes `cap`, the pages the whole request can use."""
         if len(self.free) >= need:
             return
         old = self.codes.shape[0]
-        new = max(2 * old, old + need - len(self.free), 4)
+        new = min(max(2 * old, 4), cap)
+        new = max(new, old + need - len(self.free))
         codes, scales = pool_arrays(self.fmt, new, page_tokens, head_dim)
         codes[:old], scales[:old] = self.codes, self.scales
         self.codes, self.scales = codes, scales
@@ -108,7 +110,7 @@ class PagedKVCache:
             for plane, pool in enumerate(pools):
                 row = self.block_table[layer, plane]  # [H, max_pages]
                 missing = [(h, p) for h in range(self.n_kv_heads) for p in range(first, last) if row[h, p] == -1]
-                pool.grow(len(missing), self.page_tokens, self.head_dim)
+                pool.grow(len(missing), self.page_tokens, self.head_dim, cap=self.n_kv_heads * self.max_pages)
                 for h, p in missing:
                     row[h, p] = pool.free.pop()
         self.length = end
