@@ -22,14 +22,14 @@ class CorruptSlotError(ValueError):
 FORMAT_IDS = {"nvfp4": 2, "iso3": 3, "c4g64": 4}  # the page layout ids of DEVELOPERS.md
 FORMAT_NAMES = {v: k for k, v in FORMAT_IDS.items()}
 
-# Allocation: slots are carved in 64-byte granules (aligned for 16-byte vector loads and 32-byte
-# sectors). A page whose coded slot would not beat the raw layout is stored raw, so a slot is
+# Allocation: slots are carved in 32-byte granules (one DRAM sector; keeps 16-byte vector loads
+# aligned). A page whose coded slot would not beat the raw layout is stored raw, so a slot is
 # never larger than header + raw page; size class k holds k granules.
-SLOT_GRANULE = 64
+SLOT_GRANULE = 32
 
 
 def slot_size_class(blob_or_len) -> int:
-    """Size class of a slot: the number of 64-byte granules it occupies."""
+    """Size class of a slot: the number of 32-byte granules it occupies."""
     n = blob_or_len if isinstance(blob_or_len, (int, np.integer)) else len(blob_or_len)
     return (int(n) + SLOT_GRANULE - 1) // SLOT_GRANULE
 
@@ -221,7 +221,7 @@ def encode_cold_pages_gpu(pages: list[Packed]) -> list[bytes]:
 
 
 def pack_pool(blobs: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Lay slots out as the cold pool does: each at a 64-byte granule, its allocation readable.
+    """Lay slots out as the cold pool does: each at a granule boundary, its allocation readable.
 
     Returns (pool uint16[W], slot word offsets int64[P], slot allocation bytes int32[P]).
     """

@@ -26,7 +26,7 @@ Every decoder here returns a status code (0 = ok); coldkv.codecs.slots raises Co
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, njit, uint32
+from numba import cuda, njit, uint32, uint64
 
 LANES = 32
 STATE_L = 1 << 16  # lower end of the state interval
@@ -36,14 +36,14 @@ STATES_BYTES = 4 * LANES
 PAYLOAD_MARK = 1 << 24  # initial state = mark | up to 3 payload bytes
 TAIL = 3 * LANES  # bytes [max(N - 96, 0), N) live in the lane states, not in the stream
 
-# Page slot (little endian): 20-byte header, then the body.
-#   0 u16 magic 0x4B43 ("CK")  2 u8 version  3 u8 flags (bit0: coded)  4 u8 format id  5 u8 0
-#   6 u16 tokens  8 u16 head_dim  10 u32 stream words  14 u16 0  16 u32 fp32 bits of global scale
+# Page slot (little endian): 16-byte header, then the body.
+#   0 u16 magic 0x4B43 ("CK")  2 u8 version  3 u8 flags (bit0: coded) | format id << 4
+#   4 u16 tokens  6 u16 head_dim  8 u32 stream words (0 when raw)  12 u32 fp32 bits of global scale
 # coded body: one section, A = codes (one table), B = scales (two tables)
 # raw body: codes bytes, zero pad to 4, scale bytes, zero pad to 4
 SLOT_MAGIC = 0x4B43
 SLOT_VERSION = 1
-SLOT_HEADER = 20
+SLOT_HEADER = 16
 F_CODED = 1
 FMT_GROUP = (0, 0, 16, 16, 64)  # format id -> values per E4M3 scale (nvfp4=2, iso3=3, c4g64=4)
 
@@ -402,15 +402,11 @@ def _build(jit):
             pos += put_raw(scales, scales_off, n_scales, out, pos)
         put_u16(out, off, SLOT_MAGIC)
         out[off + 2] = SLOT_VERSION
-        out[off + 3] = flags
-        out[off + 4] = fmt
-        out[off + 5] = 0
-        put_u16(out, off + 6, tokens)
-        put_u16(out, off + 8, head_dim)
-        put_u16(out, off + 10, words & 0xFFFF)
-        put_u16(out, off + 12, words >> 16)
-        put_u16(out, off + 14, 0)
-        put_u32(out, off + 16, gbits)
+        out[off + 3] = flags | (fmt << 4)
+        put_u16(out, off + 4, tokens)
+        put_u16(out, off + 6, head_dim)
+        put_u32(out, off + 8, words)
+        put_u32(out, off + 12, gbits)
         return pos - off
 
     @jit
@@ -424,12 +420,12 @@ def _build(jit):
             return E_LENGTH
         if rd16(s16, base, 0) != SLOT_MAGIC or rd8(s16, base, 2) != SLOT_VERSION:
             return E_HEADER
-        flags = rd8(s16, base, 3)
-        fmt = rd8(s16, base, 4)
-        tokens = rd16(s16, base, 6)
-        head_dim = rd16(s16, base, 8)
-        words = rd32(s16, base, 10)
-        if flags & ~F_CODED or rd8(s16, base, 5) != 0 or rd16(s16, base, 14) != 0:
+        flags = rd8(s16, base, 3) & 15
+        fmt = rd8(s16, base, 3) >> 4
+        tokens = rd16(s16, base, 4)
+        head_dim = rd16(s16, base, 6)
+        words = rd32(s16, base, 8)
+        if flags & ~F_CODED:
             return E_HEADER
         if fmt < 2 or fmt > 4 or tokens == 0 or head_dim == 0 or head_dim % FMT_GROUP[fmt] != 0:
             return E_HEADER
@@ -450,7 +446,7 @@ def _build(jit):
         h[5] = n_scales
         h[6] = words
         h[7] = length
-        h[8] = rd32(s16, base, 16)
+        h[8] = rd32(s16, base, 12)
         return OK
 
     return (put_u16, put_u32, rd8, rd16, rd32, quantize_freqs, encode_section, put_raw, encode_page,
@@ -635,10 +631,11 @@ def warp_decode_section(s16, base, off, na, one_a, nb, one_b, words, out_a, oa, 
                        + ((s >> uint32(8)) - ((eh >> uint32(8)) & uint32(0xFF))) * fa
                        + (s & uint32(255)) - ((el >> uint32(8)) & uint32(0xFF)))
             v = (el & uint32(15)) | ((eh & uint32(15)) << uint32(4))
+            # unsigned indices: no negative-index wraparound code in the hot loop
             if i < na:
-                out_a[oa + i] = v
+                out_a[uint64(oa + i)] = v
             else:
-                out_b[ob + i - na] = v
+                out_b[uint64(ob + i - na)] = v
             need = x < uint32(STATE_L)
         m = cuda.ballot_sync(FULL_MASK, need)
         total = cuda.popc(m)
@@ -646,7 +643,7 @@ def warp_decode_section(s16, base, off, na, one_a, nb, one_b, words, out_a, oa, 
             err = E_OVERRUN
             break
         if need:
-            x = uint32((x << uint32(16)) | uint32(s16[wbase + pos + cuda.popc(m & lt_mask)]))
+            x = uint32((x << uint32(16)) | uint32(s16[uint64(wbase + pos + cuda.popc(m & lt_mask))]))
         pos += total
     if err != OK:
         return err
