@@ -1,0 +1,310 @@
+"""Benchmark the KV codec kernels against a plain copy, validate first (llm.c style).
+
+    python bench/codecs.py                      # H200: append / dequant / requant, >= 1 GiB each
+    python bench/codecs.py --small              # smoke run (also under NUMBA_ENABLE_CUDASIM=1)
+    python bench/codecs.py --nmse               # CPU: NMSE table for docs/formats.md
+
+GPU mode writes bench/results/codecs.json (or --out): command, shapes, device, versions, commit,
+and per (op, format): median ms over --repeats (CUDA events), bytes moved, GB/s and the ratio to
+the Numba copy kernel measured in the same run (and torch's d2d copy when torch is present).
+
+Napkin math, D=128, 64-token pages (bytes per value): x fp32 4; bf16 2; int8 1 + 4/128;
+nvfp4/iso3 0.5 + 1/16; c4g64 0.5 + 1/64 (+4 B per page). Bytes moved = unique bytes read +
+written: append reads x and writes codes+scales; dequant reads codes+scales and writes fp32;
+requant reads a hot page and writes its c4g64 form (the kernel reads the source twice, the second
+time mostly from L1/L2; only unique bytes are counted).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FMTS = ["bf16", "int8", "nvfp4", "iso3", "c4g64"]
+GIB = 1 << 30
+
+
+# ------------------------------------------------------------------------------------ NMSE (CPU)
+def nmse_table(tokens=4096, head_dim=128, seed=1):
+    from coldkv.codecs import FORMATS, dequantize, quantize, requantize
+
+    rng = np.random.default_rng(seed)
+    data = {
+        "gaussian": rng.standard_normal((tokens, head_dim)).astype(np.float32),
+        "laplace": rng.laplace(size=(tokens, head_dim)).astype(np.float32),
+    }
+    o = rng.standard_normal((tokens, head_dim)).astype(np.float32)
+    o[:, [3, 40, 77, 101]] *= 20  # K-like outlier channels
+    data["outlier"] = o
+
+    def nmse(y, x):
+        return float(((y - x) ** 2).sum() / (x**2).sum())
+
+    table = {}
+    for name, x in data.items():
+        row = {}
+        for f in FMTS:  # hot: one global scale per (layer, head) plane, from its amax
+            row[f] = nmse(dequantize(quantize(x, f)), x)
+        for f in FMTS[:4]:  # cold: each 64-token page of the hot plane requantized to c4g64
+            g = quantize(x, f).global_scale if FORMATS[f][4] else None
+            y = [dequantize(requantize(quantize(x[i:i + 64], f, g))) for i in range(0, tokens, 64)]
+            row[f"{f}->c4g64"] = nmse(np.concatenate(y), x)
+        table[name] = row
+    return {"tokens": tokens, "head_dim": head_dim, "seed": seed, "nmse": table}
+
+
+# ------------------------------------------------------------------------------------ GPU
+def git_commit(arg):
+    if arg:
+        return arg
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def timed(fn, repeats):
+    """Median milliseconds of fn() over `repeats` runs bracketed by CUDA events (1 warm-up)."""
+    fn()
+    cuda.synchronize()
+    times = []
+    if os.environ.get("NUMBA_ENABLE_CUDASIM"):  # the simulator has no timing events
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(times)), times
+    for _ in range(repeats):
+        start, end = cuda.event(timing=True), cuda.event(timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return float(np.median(times)), [round(t, 4) for t in times]
+
+
+@cuda.jit
+def copy_kernel(src, dst):
+    """The baseline: one float32 per thread, nothing else."""
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i]
+
+
+def run_gpu(args, save):
+    """Validate then time every (op, format); save(results) after each format (partial runs keep data)."""
+    from coldkv.numba_kernels import quant as Q
+
+    D, P, H = args.head_dim, args.page_tokens, args.heads
+    ws = int(args.gib * GIB)
+    T = ws // (4 * H * D)  # x fp32 [T, H, D] is the working set
+    T -= T % P
+    n_lp = T // P
+    results = {"copy": {}, "ops": []}
+
+    # --- baselines
+    n = ws // 4
+    src, dst = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
+    copy_kernel[math.ceil(n / 256), 256](src, dst)
+    ms, _ = timed(lambda: copy_kernel[math.ceil(n / 256), 256](src, dst), args.repeats)
+    copy_gbs = 2 * n * 4 / ms / 1e6
+    results["copy"]["numba_copy"] = {"bytes": 2 * n * 4, "ms": ms, "GBps": copy_gbs}
+    del src, dst
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or os.environ.get("NUMBA_ENABLE_CUDASIM"):
+            raise ImportError("no CUDA torch")
+        a = torch.empty(n, dtype=torch.float32, device="cuda")
+        b = torch.empty_like(a)
+
+        def tcopy():
+            b.copy_(a)
+
+        tcopy()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(args.repeats):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            tcopy()
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e))
+        tms = float(np.median(ts))
+        results["copy"]["torch_d2d"] = {"bytes": 2 * n * 4, "ms": tms, "GBps": 2 * n * 4 / tms / 1e6}
+        del a, b
+        torch.cuda.empty_cache()
+    except ImportError:
+        pass
+    print(f"copy: numba {copy_gbs:.0f} GB/s" + (f", torch {results['copy']['torch_d2d']['GBps']:.0f} GB/s"
+                                                if "torch_d2d" in results["copy"] else ""), flush=True)
+
+    # --- data: x [T, H, D] fp32 (a 64 MiB random block tiled on the device), per-head globals
+    rng = np.random.default_rng(0)
+    block_rows = max(1, min(T, (64 << 20) // (4 * H * D)))
+    xb = rng.standard_normal((block_rows, H, D), dtype=np.float32)
+    xb[:, :, 3] *= 8
+    x = cuda.device_array((T, H, D), np.float32)
+    for t0 in range(0, T, block_rows):
+        x[t0:t0 + block_rows] = xb[: min(block_rows, T - t0)]
+    g = np.array([Q.global_scale_for(np.abs(xb[:, h]).max() * 1.25) for h in range(H)], np.float32)
+    d_g = cuda.to_device(g)
+
+    def pool_bytes(f, pages):
+        c, s = Q.pool_arrays(f, 1, P, D)
+        return pages * (c.nbytes + s.nbytes)
+
+    for f in FMTS:
+        fid = Q.FORMAT_IDS[f]
+        # validate on a small problem: device == njit CPU kernel == numpy reference (tested)
+        xs = xb[: 2 * P]
+        tab_s = np.arange(H * 2, dtype=np.int32).reshape(H, 2)[:, ::-1].copy()
+        c_cpu, s_cpu = Q.pool_arrays(f, H * 2, P, D)
+        Q.append_cpu(fid, xs, 0, tab_s, c_cpu, s_cpu, g)
+        dc, ds = (cuda.to_device(a) for a in Q.pool_arrays(f, H * 2, P, D))
+        Q.launch_append(fid, cuda.to_device(xs), 0, cuda.to_device(tab_s), dc, ds, d_g)
+        assert np.array_equal(dc.copy_to_host(), c_cpu) and np.array_equal(ds.copy_to_host(), s_cpu), f
+
+        # append: the whole x into a shuffled pool
+        table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
+        d_table = cuda.to_device(table)
+        c0, s0 = Q.pool_arrays(f, 1, P, D)
+        codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
+        scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
+        ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g), args.repeats)
+        moved = T * H * D * 4 + pool_bytes(f, H * n_lp)
+        # spot-check the big output against the reference
+        for h, lp in ((0, 0), (H - 1, n_lp - 1), (H // 2, n_lp // 2)):
+            rows = xb[(lp * P + np.arange(P)) % block_rows, h]  # x is xb tiled
+            rc, rs = Q.ref_quantize(rows, fid, g[h])
+            assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
+            assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
+        results["ops"].append(dict(op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved,
+                                   GBps=moved / ms / 1e6, ratio_to_copy=moved / ms / 1e6 / copy_gbs,
+                                   times_ms=raw))
+
+        # dequantize every page of the pool into fp32 [n, P, D]
+        npages = H * n_lp
+        pages = rng.permutation(npages).astype(np.int32)
+        gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
+        d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
+        out = cuda.device_array((npages, P, D), np.float32)
+        ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
+        moved = pool_bytes(f, npages) + npages * P * D * 4
+        for j in (0, npages - 1, npages // 3):
+            ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
+            assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
+        results["ops"].append(dict(op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved,
+                                   GBps=moved / ms / 1e6, ratio_to_copy=moved / ms / 1e6 / copy_gbs,
+                                   times_ms=raw))
+        del out
+
+        # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
+        per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
+        nreq = max(1, math.ceil(ws / per_page))
+        rpages = np.resize(pages, nreq).astype(np.int32)
+        rgs = np.resize(gs, nreq).astype(np.float32)
+        d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
+        oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
+        oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
+        os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
+        og = cuda.device_array(nreq, np.float32)
+        ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
+        moved = nreq * per_page
+        for j in (0, nreq - 1, nreq // 2):
+            rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
+                                          fid, rgs[j], D)
+            assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
+            assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
+        results["ops"].append(dict(op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved,
+                                   GBps=moved / ms / 1e6, ratio_to_copy=moved / ms / 1e6 / copy_gbs,
+                                   times_ms=raw, source_pages_reused=nreq > npages))
+        del codes, scales, oc, os_, og
+        for r in results["ops"][-3:]:
+            print(f"{r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
+                  flush=True)
+        save(results)
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nmse", action="store_true", help="CPU NMSE table only")
+    ap.add_argument("--small", action="store_true", help="tiny working set (smoke test)")
+    ap.add_argument("--gib", type=float, default=1.0, help="working set per op, GiB")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--page-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--commit", default="", help="git commit to record (when .git is absent)")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    import numba
+
+    meta = {
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "commit": git_commit(args.commit),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+    }
+    if args.nmse:
+        res = nmse_table()
+        out = Path(args.out or ROOT / "bench/results/codecs_nmse.json")
+        print("| data | " + " | ".join(res["nmse"]["gaussian"]) + " |")
+        for name, row in res["nmse"].items():
+            print(f"| {name} | " + " | ".join(f"{v:.3g}" for v in row.values()) + " |")
+        save(out, {**meta, **res})
+        return
+    if args.small:
+        args.gib, args.repeats = 128 / (1 << 20), 1
+    try:
+        import numba_cuda
+
+        meta["numba_cuda"] = numba_cuda.__version__
+    except ImportError:
+        pass
+    meta["simulator"] = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
+    if not meta["simulator"]:
+        dev = cuda.get_current_device()
+        meta["device"] = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        meta["compute_capability"] = list(dev.compute_capability)
+        try:
+            meta["driver"] = list(cuda.cudadrv.driver.driver.get_version())
+        except Exception:
+            pass
+        try:
+            import torch
+
+            meta["torch"] = torch.__version__
+        except ImportError:
+            pass
+    meta["shapes"] = {"heads": args.heads, "head_dim": args.head_dim, "page_tokens": args.page_tokens,
+                      "working_set_GiB": args.gib, "repeats": args.repeats}
+    out = Path(args.out or ROOT / "bench/results/codecs.json")
+    run_gpu(args, lambda res: save(out, {**meta, **res}))
+
+
+def save(out: Path, obj) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(obj, indent=1) + "\n")
+    print(f"wrote {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
