@@ -102,7 +102,7 @@ def _table16(fmt):
     return _ISO3_TAB if fmt == ISO3 else _E2M1_TAB
 
 
-def _build(kf: int, vf: int, G: int, D: int):
+def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
     """The attention kernel for K format kf, V format vf, G q heads per kv head, head_dim D."""
     (EK, LPT_K, WK, VPWK), (EV, LPT_V, WV, VPWV), CH = chunk_layout(kf, G=G, D=D, vf=vf)
     TPW_K, TPW_V = 32 // LPT_K, 32 // LPT_V
@@ -121,7 +121,14 @@ def _build(kf: int, vf: int, G: int, D: int):
     f32 = np.float32
     u64 = np.uint64
 
-    @cuda.jit
+    jit = cuda.jit
+    if max_registers:
+        try:
+            jit = cuda.jit(max_registers=max_registers)
+        except TypeError:  # the simulator has no register limit
+            pass
+
+    @jit
     def attn_kernel(q, pos0, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ppw,
                     ws_acc, ws_ml):
         # k_words/v_words: the pools' codes as flat uint32 words, row r of page pg at (pg * P + r) * RW;
@@ -382,8 +389,8 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
 _KERNELS: dict = {}
 
 
-def get_kernel(kf: int, vf: int, G: int, D: int):
-    key = (int(kf), int(vf), int(G), int(D))
+def get_kernel(kf: int, vf: int, G: int, D: int, max_registers=None):
+    key = (int(kf), int(vf), int(G), int(D), max_registers)
     if key not in _KERNELS:
         if kf not in SUPPORTED_FORMATS or vf not in SUPPORTED_FORMATS:
             raise ValueError(f"attention_cuda: hot formats are bf16/int8/nvfp4/iso3, got K={kf} V={vf}")
@@ -449,7 +456,7 @@ def _cold_in_range(table, n_pages: int) -> bool:
 
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
-                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=False):
+                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=False, max_registers=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -466,7 +473,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
     splits = nblk * NWARPS
     ws_acc, ws_ml = ws.views(splits, T)
-    kern = get_kernel(k_fmt, v_fmt, G, D)
+    kern = get_kernel(k_fmt, v_fmt, G, D, max_registers)
     qscale = np.float32(sm_scale * _LOG2E)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), _flat(k_scales),
                                         _flat(v_codes, np.uint32), _flat(v_scales), gscale, table, ppw,

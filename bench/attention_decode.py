@@ -1,0 +1,345 @@
+"""Decode attention over the paged cache vs torch SDPA on bf16 KV, validate first (H200 + torch).
+
+    python bench/attention_decode.py                       # full grid, writes bench/results/attention_decode.json
+    python bench/attention_decode.py --contexts 4096 --out /tmp/x.json   # quick
+    python bench/attention_decode.py --wait-pid PID        # compile first, time after PID exits
+
+For each shape (q heads / kv heads / head_dim) and context, and each format (K/V), the pools are
+filled on the device with random codes and scales (random shuffled block table), and:
+  1. validate: coldkv's output vs a float64 torch attention over the same pages dequantized by
+     torch code written here from the format definitions (an independent decoder);
+  2. time coldkv (attention kernel + split reduction) and SDPA (`enable_gqa=True`) on bf16 K/V
+     of the same shape: CUDA events around each call, an L2 flush (1 GiB fill) before each, the
+     median of --repeats after warm-up. The flush also hides Python launch time (the GPU is busy
+     with it while the launches are enqueued); `enqueue_us` reports the CPU time of a call.
+  3. copy bandwidth in the same run: torch d2d copy and a Numba copy kernel, 1 GiB.
+
+Napkin math (bytes per token per kv head, K + V, d=128): bf16 512; int8 2*(128+4) = 264;
+nvfp4/iso3 2*(64+8) = 144. At 131072 tokens x 8 kv heads: bf16 537 MB, int8 277 MB, nvfp4 151 MB;
+at a copy bandwidth of ~4 TB/s: 134 / 69 / 38 us. `frac_copy_bw` = (KV bytes / coldkv time) /
+torch copy bandwidth. Compute: G FMAs per K value and per V value (fp32, no tensor cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", "0")
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
+from coldkv.numba_kernels import quant as Q  # noqa: E402
+
+FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4),
+           "iso3": (Q.ISO3, Q.ISO3), "nvfp4/iso3": (Q.NVFP4, Q.ISO3)}
+# experiments (not in the default grid): the same kernel capped at 128 registers (4 blocks/SM)
+VARIANTS = {"nvfp4@r128": ("nvfp4", 128), "int8@r128": ("int8", 128), "bf16@r128": ("bf16", 128)}
+SHAPES = [(32, 8, 128), (24, 4, 256)]
+CONTEXTS = [32768, 131072, 360000]
+P = 64
+
+
+def git_commit(arg):
+    if arg:
+        return arg
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return os.environ.get("COLDKV_COMMIT", "unknown")
+
+
+def versions():
+    import numba
+    import torch
+
+    out = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
+           "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    try:
+        import importlib.metadata as md
+        out["numba_cuda"] = md.version("numba-cuda")
+    except Exception:
+        pass
+    return out
+
+
+# ------------------------------------------------------------------------------ data on device
+DEV = "cuda"  # "cpu" with --sim (the CUDA simulator; validation only)
+
+
+def to_nb(t):
+    """torch tensor -> numba device array (zero-copy on the GPU; a copy under the simulator)."""
+    return cuda.as_cuda_array(t) if DEV == "cuda" else cuda.to_device(t.numpy())
+
+
+def make_plane(torch, fmt, n_pages, D, gen):
+    """Random codes + scales of one pool (torch tensors), with plausible value ranges."""
+    dev = DEV
+    if fmt == Q.BF16:
+        codes = (torch.randn((n_pages, P, D), device=dev, generator=gen)).to(torch.bfloat16).view(torch.int16)
+        scales = torch.zeros((n_pages, P, 0), dtype=torch.uint8, device=dev)
+    elif fmt == Q.INT8:
+        codes = torch.randint(-127, 128, (n_pages, P, D), dtype=torch.int8, device=dev, generator=gen)
+        scales = torch.rand((n_pages, P, 1), device=dev, generator=gen) * 0.02 + 0.005
+    else:
+        codes = torch.randint(0, 256, (n_pages, P, D // 2), dtype=torch.uint8, device=dev, generator=gen)
+        # E4M3 bytes 0x28..0x47: 0.25 .. 1.9 (0x38 = 1.0)
+        scales = torch.randint(0x28, 0x48, (n_pages, P, D // 16), dtype=torch.uint8, device=dev, generator=gen)
+    return codes, scales
+
+
+def torch_dequant(torch, fmt, codes, scales, g, D):
+    """Pool -> float32 [n_pages, P, D], from the format definitions (independent of the kernels)."""
+    if fmt == Q.BF16:
+        return (codes.to(torch.int32) << 16).view(torch.float32)
+    if fmt == Q.INT8:
+        return codes.float() * scales
+    e2m1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device=DEV)
+    iso3 = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, -0., -1, -2, -3, -4, -5, -6, -7], device=DEV)
+    tab = iso3 if fmt == Q.ISO3 else e2m1
+    c = codes.to(torch.int64)
+    nib = torch.stack([c & 15, c >> 4], dim=-1).reshape(codes.shape[0], P, D)  # element 2i low nibble
+    e4 = torch.from_numpy(Q.ref_e4m3_decode(np.arange(256, dtype=np.uint8))).to(DEV)
+    step = e4[scales.to(torch.int64)] / g  # [n, P, D/16]
+    return (tab[nib].reshape(codes.shape[0], P, D // 16, 16) * step[..., None]).reshape(codes.shape[0], P, D)
+
+
+class Case:
+    def __init__(self, torch, fmt_name, L, Hq, H, D, seed=0):
+        self.torch, self.name, self.L, self.Hq, self.H, self.D = torch, fmt_name, L, Hq, H, D
+        base, self.maxreg = VARIANTS.get(fmt_name, (fmt_name, None))
+        self.kf, self.vf = FORMATS[base]
+        gen = torch.Generator(device=DEV).manual_seed(seed)
+        npl = -(-L // P)
+        self.npl = npl
+        n_pages = H * npl + 1
+        table = torch.full((2, H, npl + 1), -1, dtype=torch.int32, device=DEV)
+        for plane in range(2):
+            table[plane, :, :npl] = torch.randperm(n_pages, device=DEV, generator=gen)[: H * npl].reshape(H, npl).int()
+        self.table_t = table
+        self.pools_t = [make_plane(torch, self.kf, n_pages, D, gen), make_plane(torch, self.vf, n_pages, D, gen)]
+        self.gscale_t = torch.ones((2, H), device=DEV)
+        self.q_t = torch.randn((1, Hq, D), device=DEV, generator=gen)
+        self.out_t = torch.full((1, Hq, D), float("nan"), device=DEV)
+        ca = to_nb
+        self.args = [ca(self.q_t), ca(self.out_t), L - 1, 1.0 / math.sqrt(D),
+                     self.kf, ca(self.pools_t[0][0]), ca(self.pools_t[0][1]),
+                     self.vf, ca(self.pools_t[1][0]), ca(self.pools_t[1][1]),
+                     ca(self.gscale_t), ca(table)]
+        self.ws = A.AttentionWorkspace(4096, 1, Hq, D)
+
+    def kv_bytes(self):
+        per_tok = sum((c.element_size() * c[0, 0].numel() + s.element_size() * s[0, 0].numel())
+                      for c, s in self.pools_t)
+        return per_tok * self.L * self.H
+
+    def run(self):
+        A.paged_attention_cuda(*self.args, self.ws, max_registers=self.maxreg)
+
+    def result(self):
+        if DEV == "cuda":
+            return self.out_t
+        return self.torch.from_numpy(self.args[1].copy_to_host())
+
+    def reference(self):
+        torch = self.torch
+        dense = []
+        for plane, fmt in enumerate((self.kf, self.vf)):
+            codes, scales = self.pools_t[plane]
+            x = torch.empty((self.H, self.L, self.D), device=DEV, dtype=torch.float64)
+            for h in range(self.H):
+                pages = self.table_t[plane, h, : self.npl].long()
+                deq = torch_dequant(torch, fmt, codes[pages], scales[pages], 1.0, self.D)
+                x[h] = deq.reshape(-1, self.D)[: self.L].double()
+            dense.append(x)
+        k, v = dense
+        G = self.Hq // self.H
+        q = self.q_t[0].double().reshape(self.H, G, self.D)
+        s = torch.einsum("hgd,hld->hgl", q, k) / math.sqrt(self.D)
+        p = torch.softmax(s, dim=-1)
+        return torch.einsum("hgl,hld->hgd", p, v).reshape(1, self.Hq, self.D)
+
+    def free(self):
+        del self.pools_t, self.args, self.ws
+
+
+def event_time(torch, fn, flush, repeats):
+    """Median microseconds of fn() between CUDA events, each after an L2 flush; + CPU enqueue us."""
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    times, cpu = [], []
+    for _ in range(repeats):
+        flush.zero_()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        c0 = time.perf_counter()
+        fn()
+        cpu.append((time.perf_counter() - c0) * 1e6)
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) * 1000.0)
+    return float(np.median(times)), float(np.median(cpu))
+
+
+@cuda.jit
+def _copy_kernel(src, dst):
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    while i < src.size:
+        dst[i] = src[i]
+        i += stride
+
+
+def copy_bandwidth(torch, repeats):
+    n = 1 << 30
+    src = torch.ones(n // 4, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    t_torch, _ = event_time(torch, lambda: dst.copy_(src), dst, repeats)  # flush = dst itself
+    s2 = src.view(torch.int64)
+    d2 = dst.view(torch.int64)
+    sa, da = cuda.as_cuda_array(s2), cuda.as_cuda_array(d2)
+    nsm = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    t_numba, _ = event_time(torch, lambda: _copy_kernel[nsm * 16, 256](sa, da), dst, repeats)
+    return {"bytes": 2 * n, "torch_copy_TBps": 2 * n / t_torch / 1e6, "numba_copy_TBps": 2 * n / t_numba / 1e6,
+            "torch_copy_us": t_torch, "numba_copy_us": t_numba}
+
+
+def parse_shapes(args):
+    if not args.shapes:
+        return SHAPES
+    return [tuple(int(x) for x in s.split("/")) for s in args.shapes]
+
+
+def validate_only(torch, args):
+    """Simulator smoke run of the validation path (small shapes)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    __import__("cudasim_warp").install()  # warp intrinsics for the simulator
+    bad = 0
+    for Hq, H, D in parse_shapes(args):
+        for L in args.contexts:
+            for name in args.formats:
+                c = Case(torch, name, L, Hq, H, D, seed=L + D)
+                c.run()
+                got, ref = c.result().double(), c.reference()
+                err = float((got - ref).abs().max())
+                ok = bool(torch.isfinite(got).all()) and err <= 1e-4 * max(float(ref.abs().max()), 1.0)
+                bad += not ok
+                print(f"{name} {Hq}/{H}/{D} L={L}: max err {err:.3g} {'ok' if ok else 'BAD'}", flush=True)
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
+    ap.add_argument("--formats", nargs="*", default=list(FORMATS), help=f"of {list(FORMATS) + list(VARIANTS)}")
+    ap.add_argument("--variant-contexts", type=int, nargs="*", default=[131072],
+                    help="contexts at which the VARIANTS also run (first shape only)")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_decode.json"))
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--wait-pid", type=int, default=0, help="compile, then wait for this process before timing")
+    ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 8/2/64")
+    ap.add_argument("--sim", action="store_true", help="validate only, under NUMBA_ENABLE_CUDASIM=1 (CPU torch)")
+    args = ap.parse_args()
+    import torch
+
+    global DEV
+    if args.sim:
+        DEV = "cpu"
+        return validate_only(torch, args)
+
+    dev = torch.cuda.get_device_name()
+    doc = {"device": dev, "commit": git_commit(args.commit), "command": " ".join([sys.executable] + sys.argv),
+           "versions": versions(), "page_tokens": P, "repeats": args.repeats, "results": [], "errors": []}
+
+    def save():
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+
+    # compile every kernel first (can overlap with the gpu tests), then time on a quiet GPU
+    t0 = time.perf_counter()
+    shapes = parse_shapes(args)
+    for Hq, H, D in shapes:
+        for name in args.formats + (list(VARIANTS) if (Hq, H, D) == shapes[0] and args.variant_contexts else []):
+            try:
+                c = Case(torch, name, 200, Hq, H, D)
+                c.run()
+                torch.cuda.synchronize()
+            except Exception as exc:
+                doc["errors"].append(f"compile {name} {Hq}/{H}/{D}: {exc!r}")
+    doc["compile_s"] = time.perf_counter() - t0
+    print(f"compiled in {doc['compile_s']:.1f}s", flush=True)
+    if args.wait_pid:
+        while os.path.exists(f"/proc/{args.wait_pid}"):
+            time.sleep(0.5)
+    flush = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+    try:
+        doc["copy"] = copy_bandwidth(torch, args.repeats)
+    except Exception as exc:
+        doc["errors"].append(f"copy: {exc!r}")
+        doc["copy"] = {"torch_copy_TBps": float("nan")}
+    print(json.dumps(doc["copy"]), flush=True)
+    save()
+    for Hq, H, D in shapes:
+        for L in args.contexts:
+            try:
+                qb = torch.randn((1, Hq, 1, D), device="cuda", dtype=torch.bfloat16)
+                kb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
+                vb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
+                sdpa = torch.nn.functional.scaled_dot_product_attention
+                t_sdpa, _ = event_time(torch, lambda: sdpa(qb, kb, vb, enable_gqa=True), flush, args.repeats)
+                del qb, kb, vb
+            except Exception as exc:
+                doc["errors"].append(f"sdpa {Hq}/{H}/{D} L={L}: {exc!r}")
+                t_sdpa = float("nan")
+            names = list(args.formats)
+            if (Hq, H, D) == shapes[0] and L in args.variant_contexts:
+                names += list(VARIANTS)
+            for name in names:
+                rec = {"format": name, "context": L, "q_heads": Hq, "kv_heads": H, "head_dim": D,
+                       "sdpa_bf16_us": t_sdpa}
+                try:
+                    c = Case(torch, name, L, Hq, H, D, seed=L + D)
+                    c.run()
+                    torch.cuda.synchronize()
+                    ref = c.reference()
+                    got = c.result().double()
+                    err = float((got - ref).abs().max())
+                    scale = float(ref.abs().max())
+                    rec["max_abs_err"], rec["ref_max"] = err, scale
+                    rec["valid"] = bool(torch.isfinite(got).all()) and err <= 1e-4 * max(scale, 1.0)
+                    del ref, got
+                    t, cpu = event_time(torch, c.run, flush, args.repeats)
+                    b = c.kv_bytes()
+                    rec.update({"coldkv_us": t, "enqueue_us": cpu, "kv_bytes": b, "coldkv_TBps": b / t / 1e6,
+                                "speedup": t_sdpa / t,
+                                "frac_copy_bw": b / t / 1e6 / doc["copy"]["torch_copy_TBps"],
+                                "splits": A.plan_splits(1, H, L, P, c.ws.n_sm, c.ws.max_splits)})
+                    c.free()
+                    del c
+                except Exception as exc:
+                    rec["error"] = repr(exc)
+                    doc["errors"].append(f"{name} {Hq}/{H}/{D} L={L}: {traceback.format_exc(limit=3)}")
+                doc["results"].append(rec)
+                print(json.dumps(rec), flush=True)
+                save()
+                torch.cuda.empty_cache()
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
