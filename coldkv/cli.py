@@ -76,6 +76,8 @@ def generate(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead "
                                            "of streaming.")] = False,
     prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", min=1, help="Prompt tokens per prefill step.")] = 512,
+    threads: Annotated[int, typer.Option("--threads", min=0, help="CPU backend: BLAS threads (0 = the BLAS "
+                                         "default; 1 is often fastest on small or busy machines).")] = 0,
 ) -> None:
     """Run a model on a prompt file and stream the completion to stdout (stats on stderr)."""
     if top_p <= 0:
@@ -85,7 +87,7 @@ def generate(
     with _domain_errors():
         generate_command(prompt_file=prompt_file, model=model, max_new_tokens=max_new_tokens, kv_table=kv_table,
                          device=device, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                         stop=stop or [], json_out=json_out, prefill_chunk=prefill_chunk)
+                         stop=stop or [], json_out=json_out, prefill_chunk=prefill_chunk, threads=threads)
 
 
 @app.command()

@@ -25,6 +25,14 @@ import pytest  # noqa: E402
 
 import coldkv  # noqa: E402
 from tinymodel import GOLDEN_PROMPT_TEXT, make_checkpoint  # noqa: E402
+from coldkv.runtime.blas import blas_threads  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """OpenBLAS threads fight over the 2 shared cores of CI machines (20x slower decode measured)."""
+    with blas_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +142,12 @@ def test_info(model_dir):
     assert out["model"]["layers"] == 2 and out["kv_tables"]["bf16"]["bytes_per_token"] == 1024
     assert out["kv_tables"]["nvfp4"]["bytes_per_token"] == 2 * 2 * 2 * 36
     _error(["info", "--model", str(model_dir.parent / "nope")], "does not exist")
+
+
+def test_generate_threads_option(model_dir, prompt):
+    from coldkv.runtime.blas import get_threads
+
+    before = get_threads()
+    out = _json(runner.invoke(app, ["generate", str(prompt), "-m", str(model_dir), "-n", "3", "--json",
+                                    "--threads", "2"]))
+    assert len(out["tokens"]) == 3 and get_threads() == before  # restored after the run

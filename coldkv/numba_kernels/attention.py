@@ -12,7 +12,7 @@ hot pages only.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from coldkv.numba_kernels.quant import dequant_rows_cpu
 
@@ -40,7 +40,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(cache=True, parallel=True, fastmath=_FAST)
+@njit(cache=True, fastmath=_FAST)
 def paged_attention_cpu(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                         gscale, table):
     """q, out [T, Hq, D] f32 (q after RoPE); pages of the cache hold positions 0..pos0 + T - 1.
@@ -53,7 +53,7 @@ def paged_attention_cpu(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt,
     L = pos0 + T
     n_pages = (L + P - 1) // P
     R = T * G  # query rows per KV head: row t * G + g is query head h * G + g at position pos0 + t
-    for h in prange(H):
+    for h in range(H):
         qh = np.empty((R, D), np.float32)  # scaled queries of this KV head's group
         for t in range(T):
             for g in range(G):

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from coldkv.errors import InputError
 from coldkv.runtime.backend import cpu_summary, cuda_present, load_backend
+from coldkv.runtime.blas import blas_threads, get_threads
 from coldkv.runtime.engine import DEFAULT_PREFILL_CHUNK, generate
 from coldkv.runtime.kv_cache import kv_bytes_per_token
 from coldkv.runtime.kv_table import NAMED, resolve_table
@@ -46,7 +47,7 @@ def _human(n: float) -> str:
 
 def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int, kv_table: str, device: str,
                      temperature: float, top_k: int, top_p: float, seed: int, stop: list[str], json_out: bool,
-                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK, threads: int = 0) -> None:
     err = Console(stderr=True)
     prompt = read_prompt(prompt_file)  # read first: a bad prompt path should not wait for a model load
     model_dir = resolve_model(model)
@@ -76,11 +77,14 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
             sys.stdout.write(piece)
             sys.stdout.flush()
 
+    if threads and backend.name == "cpu" and get_threads() is None:
+        err.print("note: --threads: numpy's BLAS is not an OpenBLAS coldkv can configure; ignored", highlight=False)
     try:
-        result = generate(backend, tokenizer, ids, table=table, max_new_tokens=max_new_tokens,
-                          sampling=SamplingParams(temperature, top_k, top_p, seed), stop=tuple(stop),
-                          prefill_chunk=prefill_chunk, on_text=None if json_out else on_text,
-                          on_prefill=on_prefill)
+        with blas_threads(threads if backend.name == "cpu" else None):
+            result = generate(backend, tokenizer, ids, table=table, max_new_tokens=max_new_tokens,
+                              sampling=SamplingParams(temperature, top_k, top_p, seed), stop=tuple(stop),
+                              prefill_chunk=prefill_chunk, on_text=None if json_out else on_text,
+                              on_prefill=on_prefill)
     finally:
         if progress is not None:
             progress.stop()
