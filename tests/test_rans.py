@@ -270,6 +270,30 @@ def test_fuzz_detects_stream_damage():
     assert detected >= 270
 
 
+def test_huge_claims_refused_before_allocation():
+    """A short coded blob claiming a huge page or stream is refused from its header."""
+    blob = bytearray(encode_cold_page(random_page("c4g64", "outlier", 64, 64, seed=2)))
+    assert blob[3] & K.F_CODED
+    blob[4:8] = (65535).to_bytes(2, "little") + (65472).to_bytes(2, "little")  # 65535 x 65472 page
+    with pytest.raises(CorruptSlotError):
+        decode_cold_page(bytes(blob))
+    s = bytearray(rans_encode(_symbols(1, 5000, 16, 0.3), 16))
+    assert s[3] & K.S_CODED
+    s[4:8] = (2**32 - 1).to_bytes(4, "little")
+    with pytest.raises(CorruptSlotError):
+        rans_decode(bytes(s))
+
+
+def test_steps_per_word_bound_holds_for_constant_data():
+    """The most probable pair (255/256)^2 gives the most steps per word: the bound holds."""
+    s = np.zeros(200_000, np.uint8)
+    s[0] = 1  # one rare symbol so the dominant one gets 255
+    blob = rans_encode(s, 16)
+    words = int.from_bytes(blob[8:12], "little")
+    assert (s.size + 1) // 2 <= K.STEPS_PER_WORD * (words + K.LANES) + K.TAIL
+    assert np.array_equal(rans_decode(blob), s)
+
+
 @pytest.mark.slow
 def test_fuzz_corrupt_blobs_slow():
     _fuzz(15000, seed=1)  # 105k blobs

@@ -113,7 +113,7 @@ def rans_decode(blob) -> np.ndarray:
     m = (n + 1) // 2 if alphabet == 16 else n
     coded = bool(flags & K.S_CODED)
     if coded:
-        if m == 0:
+        if m == 0 or m > K.STEPS_PER_WORD * (words + K.LANES) + K.TAIL:
             _raise(K.E_HEADER)
         length = K.STREAM_HEADER + K.coded_section_bytes(one_table, 0, False, words)
     else:

@@ -35,6 +35,11 @@ FREQ_MAX = 255  # a nibble frequency must fit a byte
 STATES_BYTES = 4 * LANES
 PAYLOAD_MARK = 1 << 24  # initial state = mark | up to 3 payload bytes
 TAIL = 3 * LANES  # bytes [max(N - 96, 0), N) live in the lane states, not in the stream
+# A coded step raises a lane's state by >= 511 * (x // 65025) (pair frequencies <= 255^2), i.e. by
+# >= 511 * 2^(k-16) in the octave [2^k, 2^k+1): at most 129 steps per octave, 16 octaves, so a
+# lane codes <= 2064 bytes between two words. Headers claiming more bytes than
+# STEPS_PER_WORD * (words + 32) + TAIL are refused before anything is allocated or decoded.
+STEPS_PER_WORD = 2080
 
 # Page slot (little endian): 16-byte header, then the body.
 #   0 u16 magic 0x4B43 ("CK")  2 u8 version  3 u8 flags (bit0: coded) | format id << 4
@@ -433,6 +438,8 @@ def _build(jit):
             return E_HEADER
         n_codes = tokens * (head_dim // 2)
         n_scales = tokens * (head_dim // FMT_GROUP[fmt])
+        if flags and n_codes + n_scales > STEPS_PER_WORD * (words + LANES) + TAIL:
+            return E_HEADER
         length = SLOT_HEADER + ((n_codes + 3) & ~3) + ((n_scales + 3) & ~3)
         if flags:
             length = SLOT_HEADER + ((16 + 32 + STATES_BYTES + 2 * words + 3) & ~3)
