@@ -23,18 +23,21 @@ finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 vec = arrays(np.float32, st.integers(1, 64), elements=finite32)
 
 
+@settings(deadline=None)
 @given(vec)
 def test_e4m3_matches_ml_dtypes(x):
     ref = np.clip(x, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     np.testing.assert_array_equal(e4m3_encode(x), ref)
 
 
+@settings(deadline=None)
 @given(vec)
 def test_e2m1_matches_ml_dtypes(x):
     ref = np.clip(x, -6, 6).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 15
     np.testing.assert_array_equal(e2m1_encode(x), ref)
 
 
+@settings(deadline=None)
 @given(vec)
 def test_scalar_cores_match_public_encoders(x):
     for v in x[:8]:
@@ -42,6 +45,7 @@ def test_scalar_cores_match_public_encoders(x):
         assert fp.e2m1_enc(v) == e2m1_encode(v).item()
 
 
+@settings(deadline=None)
 @given(st.integers(0, 255))
 def test_e4m3_decode_encode_roundtrip(b):
     v = e4m3_decode(np.uint8(b))
@@ -49,11 +53,13 @@ def test_e4m3_decode_encode_roundtrip(b):
         assert e4m3_encode(v).item() == b or (b == 0x80 and v == 0)
 
 
+@settings(deadline=None)
 @given(st.integers(0, 15))
 def test_e2m1_decode_encode_roundtrip(c):
     assert e2m1_encode(e2m1_decode(np.uint8(c))).item() == c
 
 
+@settings(deadline=None)
 @given(vec)
 def test_encoding_is_monotone(x):
     s = np.sort(x)
