@@ -280,3 +280,10 @@ def test_nmse_cold_requant_envelope(kind):
     # 4-bit hot pages requantized again stack two errors (measured ~0.018-0.023): documented
     assert nmse(cold(x, "nvfp4"), x) < 0.021
     assert nmse(cold(x, "iso3"), x) < 0.027
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_empty_block(fmt):
+    p = quantize(np.zeros((0, 64), np.float32), fmt)
+    assert dequantize(p).shape == (0, 64)
+    assert requantize(p).fmt == "c4g64"

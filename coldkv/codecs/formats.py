@@ -112,7 +112,7 @@ def dequantize(p: Packed) -> np.ndarray:
     """Packed -> float32 [tokens, head_dim]."""
     _check_packed(p)
     fid = Q.FORMAT_IDS[p.fmt]
-    scales = p.scales.reshape(p.tokens, -1) if fid == Q.INT8 else p.scales
+    scales = p.scales.reshape(p.tokens, 1) if fid == Q.INT8 else p.scales
     return Q.ref_dequantize(p.codes, scales, fid, np.float32(p.global_scale), p.head_dim)
 
 
