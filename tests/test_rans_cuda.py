@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from coldkv.codecs import CorruptSlotError, decode_cold_page, encode_cold_page
+from coldkv.codecs import CorruptSlotError, Packed, decode_cold_page, encode_cold_page
 from coldkv.codecs.slots import decode_cold_pages_gpu, encode_cold_pages_gpu, slot_alloc_bytes
 from coldkv.numba_kernels import rans as K
 from rans_pages import random_page
@@ -79,6 +79,20 @@ def test_restore_kernel_corrupt_slots():
         blobs.append(bytes(m))
     blobs += [good[: len(good) // 2], bytes(rng.integers(0, 256, 40, dtype=np.uint8)), good[:40] + bytes(300)]
     _check_restore(blobs, 16 * 32, 16 * 4)
+
+
+def test_restore_kernel_scales_in_the_coded_region():
+    """Enough scale bytes (segment B, two tables) to reach the coded steps, not only the payload."""
+    rng = np.random.default_rng(4)
+    nib = rng.choice(16, (32, 64), p=np.r_[0.7, np.full(15, 0.02)]).astype(np.uint8)
+    codes = (nib[:, 0::2] | (nib[:, 1::2] << 4)).astype(np.uint8)
+    scales = rng.integers(40, 80, (32, 4)).astype(np.uint8)
+    p = Packed("nvfp4", codes, scales, 2.5, 64)
+    blob = encode_cold_page(p)
+    assert blob[3] & K.F_CODED and 32 * 32 + 32 * 4 - K.TAIL > 32 * 32  # B partly coded
+    assert encode_cold_pages_gpu([p]) == [blob]
+    c, sc, g, status = decode_cold_pages_gpu([blob], 32 * 32, 32 * 4)
+    assert status[0] == 0 and np.array_equal(c[0], codes.ravel()) and np.array_equal(sc[0], scales.ravel())
 
 
 @cuda.jit
