@@ -361,29 +361,70 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
     return attn_kernel
 
 
-REDUCE_THREADS = 128
+RED_WARPS = 16
+REDUCE_THREADS = 32 * RED_WARPS
+_MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
+_RED_COLS = 32 * _MAX_DW
 
 
 @cuda.jit
 def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
-    """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq)."""
+    """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
+
+    One block per row. Warp w merges splits w, w + RED_WARPS, .. with an online max (lane owns
+    dims lane + 32 j), then the RED_WARPS warp results are merged through shared memory. (The
+    first version looped over all splits in one thread per dim: at 256-512 splits its dependent
+    L2 round trips cost 100-400 us, see docs/kernels.md.)"""
     T, Hq, D = out.shape
     r = cuda.blockIdx.x
     t = r // Hq
     hq = r % Hq
+    tid = cuda.threadIdx.x
+    w = tid // 32
+    lane = tid % 32
+    sm_m = cuda.shared.array(RED_WARPS, np.float32)
+    sm_l = cuda.shared.array(RED_WARPS, np.float32)
+    sm_acc = cuda.shared.array((RED_WARPS, _RED_COLS), np.float32)
+    ndw = D // 32
+    num = cuda.local.array(_MAX_DW, np.float32)
+    for j in range(_MAX_DW):
+        num[j] = np.float32(0.0)
     M = _NEG_INF
-    for s in range(n_splits):
-        M = max(M, ws_ml[s, t, hq, 0])
-    for d in range(cuda.threadIdx.x, D, REDUCE_THREADS):
-        num = np.float32(0.0)
-        den = np.float32(0.0)
-        for s in range(n_splits):
-            m = ws_ml[s, t, hq, 0]
-            if m > _NEG_INF:
-                w = math.exp2(m - M)
-                den += w * ws_ml[s, t, hq, 1]
-                num += w * ws_acc[s, t, hq, d]
-        out[t, hq, d] = num / den
+    den = np.float32(0.0)
+    for s in range(w, n_splits, RED_WARPS):
+        m = ws_ml[s, t, hq, 0]
+        if m > _NEG_INF:
+            if m > M:
+                f = math.exp2(M - m)
+                den *= f
+                for j in range(_MAX_DW):
+                    num[j] *= f
+                M = m
+            wt = math.exp2(m - M)
+            den += wt * ws_ml[s, t, hq, 1]
+            for j in range(_MAX_DW):
+                if j < ndw:
+                    num[j] += wt * ws_acc[s, t, hq, lane + 32 * j]
+    if lane == 0:
+        sm_m[w] = M
+        sm_l[w] = den
+    for j in range(_MAX_DW):
+        if j < ndw:
+            sm_acc[w, lane + 32 * j] = num[j]
+    cuda.syncthreads()
+    for d in range(tid, D, REDUCE_THREADS):
+        Mg = _NEG_INF
+        for w2 in range(RED_WARPS):
+            Mg = max(Mg, sm_m[w2])
+        nsum = np.float32(0.0)
+        dsum = np.float32(0.0)
+        for w2 in range(RED_WARPS):
+            mw = sm_m[w2]
+            if mw > _NEG_INF:
+                f = math.exp2(mw - Mg)
+                nsum += f * sm_acc[w2, d]
+                dsum += f * sm_l[w2]
+        out[t, hq, d] = nsum / dsum
 
 
 _KERNELS: dict = {}
