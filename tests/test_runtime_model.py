@@ -302,3 +302,35 @@ def test_generate_chunked_prefill_and_sampling_reproducible(qwen3, ckpt):
     for key in ("text", "tokens", "prompt_tokens", "prefill_tokens_per_s", "decode_tokens_per_s", "kv_bytes",
                 "kv_bytes_per_token", "kv_table"):
         assert key in j
+
+
+def test_plan_refuses_kv_that_cannot_fit_in_memory(qwen3, ckpt, monkeypatch):
+    import coldkv.runtime.backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "host_memory_available", lambda: 100_000)
+    tok = Tokenizer.from_dir(ckpt["qwen3"])
+    with pytest.raises(PlanError, match=r"need .* GiB > .* GiB available; try"):
+        generate(qwen3, tok, GOLDEN_PROMPT, table=resolve_table("bf16", 2), max_new_tokens=500)
+
+
+def test_attention_refuses_cold_or_missing_pages():
+    cache = PagedKVCache(resolve_table("bf16", 1), 1, 64, max_tokens=64, page_tokens=16)
+    cache.extend(20)
+    x = np.ones((20, 1, 64), np.float32)
+    cache.write(0, 0, x, x)
+    cache.block_table[0, 1, 0, 1] = -2  # a cold-slot sentinel
+    with pytest.raises(ValueError, match="unallocated or cold"):
+        cache.attend(0, np.ones((1, 2, 64), np.float32), 19, 0.125)
+
+
+def test_device_selection(monkeypatch):
+    import coldkv.runtime.backend as backend_mod
+    from coldkv.errors import DeviceError
+
+    monkeypatch.setattr(backend_mod, "cuda_present", lambda: True)
+    name, note = backend_mod.select_device("auto")
+    assert name == "cpu" and "CUDA backend is not built" in note
+    monkeypatch.setattr(backend_mod, "cuda_present", lambda: False)
+    assert backend_mod.select_device("auto") == ("cpu", None) and backend_mod.select_device("cpu") == ("cpu", None)
+    with pytest.raises(DeviceError, match="--device cpu"):
+        backend_mod.select_device("cuda")

@@ -6,8 +6,8 @@
   (page_tokens x head_dim) into scratch, and updates an online softmax (flash-attention style) for
   all T x group query rows. The cache is never dequantized as a whole.
 
-Cold-slot sentinels (table entries <= -2) are decoded by the cold-pool code path; this kernel reads
-hot pages only.
+Cold-slot sentinels (table entries <= -2) are not decoded here yet: the kernel reads hot pages and
+raises on any other entry in range, rather than read a wrong page.
 """
 from __future__ import annotations
 
@@ -67,6 +67,8 @@ def paged_attention_cpu(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt,
         for p in range(n_pages):
             base = p * P
             n = min(P, L - base)
+            if table[0, h, p] < 0 or table[1, h, p] < 0:
+                raise ValueError("paged_attention_cpu: a page in range is unallocated or cold")
             dequant_rows_cpu(k_fmt, k_codes, k_scales, table[0, h, p], 0, n, gscale[0, h], kt[:n])
             dequant_rows_cpu(v_fmt, v_codes, v_scales, table[1, h, p], 0, n, gscale[1, h], vt[:n])
             for r in range(R):
