@@ -110,7 +110,9 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
     RWK, RWV = D // VPWK, D // VPWV  # 32-bit code words per row
     SCK, SCV = _SCALE_COLS(kf, D), _SCALE_COLS(vf, D)  # scale entries per row
     NLK, NLV = CH * RWK // 32, CH * RWV // 32  # staged words per lane
+    assert NLK * 32 == CH * RWK and NLV * 32 == CH * RWV, (kf, vf, G, D, CH)
     NSCK, NSCV = -(-CH * SCK // 32), -(-CH * SCV // 32)  # staged scales per lane
+    NSCK1, NSCV1 = max(1, NSCK), max(1, NSCV)
     SKW, SVW = CH * RWK, CH * RWV
     SKS, SVS = max(1, CH * SCK), max(1, CH * SCV)
     K4 = kf in (NVFP4, ISO3)
@@ -190,6 +192,12 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
         vv = cuda.local.array(VPWV, np.float32)
         inv_gk = f32(1.0) / gscale[0, h]
         inv_gv = f32(1.0) / gscale[1, h]
+        stk = cuda.local.array(NLK, np.uint32)  # staging registers
+        stv = cuda.local.array(NLV, np.uint32)
+        kss = cuda.local.array(NSCK1, np.uint8)
+        vss = cuda.local.array(NSCV1, np.uint8)
+        ksr = f32(0.0)
+        vsr = f32(0.0)
 
         for p in range(p_begin, p_end):
             pk = table[0, h, p]
@@ -199,37 +207,48 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
             nval = min(P, L - p * P)
             for c0 in range(0, nval, CH):
                 n = min(CH, nval - c0)
-                # ---------------- stage the chunk's rows (contiguous in the pools), coalesced
+                # ---------------- stage the chunk's rows (contiguous in the pools), coalesced.
+                # All loads first (into registers, branch-free: a partial chunk re-reads its last
+                # row, never read later), then the shared stores: every word of the chunk is in
+                # flight at once instead of one load -> store round trip per word.
                 rk0 = pk * P + c0
                 rv0 = pv * P + c0
                 bk = rk0 * RWK
                 bv = rv0 * RWV
-                nk = n * RWK
-                nv = n * RWV
+                lastk = n * RWK - 1
+                lastv = n * RWV - 1
                 for j in range(NLK):
-                    i = lane + 32 * j
-                    if i < nk:
-                        skw[warp, i] = k_words[u64(bk + i)]
+                    stk[j] = k_words[u64(bk + min(lane + 32 * j, lastk))]
                 for j in range(NLV):
-                    i = lane + 32 * j
-                    if i < nv:
-                        svw[warp, i] = v_words[u64(bv + i)]
+                    stv[j] = v_words[u64(bv + min(lane + 32 * j, lastv))]
                 if kf == 1:
-                    if lane < n:
-                        sks[warp, lane] = k_scales[u64(rk0 + lane)]
+                    ksr = k_scales[u64(rk0 + min(lane, n - 1))]
                 elif K4:
                     for j in range(NSCK):
-                        i = lane + 32 * j
-                        if i < n * SCK:
-                            sks[warp, i] = e4[k_scales[u64(rk0 * SCK + i)]] * inv_gk
+                        kss[j] = k_scales[u64(rk0 * SCK + min(lane + 32 * j, n * SCK - 1))]
                 if vf == 1:
-                    if lane < n:
-                        svs[warp, lane] = v_scales[u64(rv0 + lane)]
+                    vsr = v_scales[u64(rv0 + min(lane, n - 1))]
                 elif V4:
                     for j in range(NSCV):
-                        i = lane + 32 * j
-                        if i < n * SCV:
-                            svs[warp, i] = e4[v_scales[u64(rv0 * SCV + i)]] * inv_gv
+                        vss[j] = v_scales[u64(rv0 * SCV + min(lane + 32 * j, n * SCV - 1))]
+                for j in range(NLK):
+                    skw[warp, lane + 32 * j] = stk[j]
+                for j in range(NLV):
+                    svw[warp, lane + 32 * j] = stv[j]
+                if kf == 1:
+                    if lane < CH:
+                        sks[warp, lane] = ksr
+                elif K4:
+                    for j in range(NSCK):
+                        if lane + 32 * j < CH * SCK:
+                            sks[warp, lane + 32 * j] = e4[kss[j]] * inv_gk
+                if vf == 1:
+                    if lane < CH:
+                        svs[warp, lane] = vsr
+                elif V4:
+                    for j in range(NSCV):
+                        if lane + 32 * j < CH * SCV:
+                            svs[warp, lane + 32 * j] = e4[vss[j]] * inv_gv
                 cuda.syncwarp()
                 # ---------------- K: scores of the chunk's tokens for the G q heads
                 for s in range(NSK):
