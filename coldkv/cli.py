@@ -5,6 +5,8 @@ nowhere else.
 """
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Optional
@@ -41,7 +43,8 @@ def main(
 
 @contextmanager
 def _domain_errors() -> Iterator[None]:
-    """ColdkvError -> 'error: ...' on stderr, exit 2; Ctrl-C -> exit 130 without a traceback."""
+    """ColdkvError -> 'error: ...' on stderr, exit 2; Ctrl-C -> 130 and a closed stdout pipe -> 141,
+    without a traceback."""
     try:
         yield
     except ColdkvError as exc:
@@ -50,6 +53,9 @@ def _domain_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("\ninterrupted", err=True)
         raise typer.Exit(130) from None
+    except BrokenPipeError:  # `coldkv generate ... | head`: the reader left; stop quietly like other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(141) from None
 
 
 ModelOpt = Annotated[
