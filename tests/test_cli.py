@@ -111,6 +111,7 @@ def test_generate_errors(model_dir, prompt, tmp_path, monkeypatch):
     _error(["generate", str(prompt), *m, "--device", "cuda"], "CUDA backend")
     _error(["generate", str(prompt), *m, "--device", "tpu"], "unknown device")
     _error(["generate", "-", *m], "empty", input="")
+    _error(["generate", "-", *m], "not UTF-8", input=b"\xff\xfe bad bytes")
     _error(["generate", "-", *m], "context is 2048 tokens", input="The quick brown fox " * 1000)
     monkeypatch.setattr(coldkv, "DEFAULT_MODEL", tmp_path / "absent")
     _error(["generate", str(prompt)], "--model")

@@ -23,7 +23,11 @@ from coldkv.runtime.tokenizer import Tokenizer
 
 def read_prompt(prompt_file: str) -> str:
     if prompt_file == "-":
-        return sys.stdin.read()
+        data = sys.stdin.buffer.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("the prompt on stdin is not UTF-8 text") from None
     path = Path(prompt_file)
     try:
         return path.read_text(encoding="utf-8")
