@@ -167,6 +167,19 @@ def test_plan_splits():
     assert A.plan_splits(1, 1, 6400, 64, 132, 8) == (13, 2)  # capped by the workspace
 
 
+def test_workspace_limits():
+    with pytest.raises(ValueError):
+        A.AttentionWorkspace(2, 1, 4, 64)  # less than one block of splits
+    with pytest.raises(ValueError):
+        A.AttentionWorkspace(8, 1, 4, 512)  # head_dim above 256
+    ws = A.AttentionWorkspace(8, 2, 1, 64)
+    q = np.zeros((3, 1, 64), np.float32)
+    with pytest.raises(ValueError):  # more query tokens than the workspace holds
+        A.paged_attention_cuda(q, q.copy(), 0, 0.125, Q.BF16, *Q.pool_arrays("bf16", 1, 8, 64), Q.BF16,
+                               *Q.pool_arrays("bf16", 1, 8, 64), np.ones((2, 1), np.float32),
+                               np.zeros((2, 1, 1), np.int32), ws)
+
+
 def test_cold_pages_refused_from_host_table():
     pools, table, gscale, kd, vd = make_cache(Q.BF16, Q.BF16, 20, 1, 64, 8, 0)
     table[0, 0, 1] = -2

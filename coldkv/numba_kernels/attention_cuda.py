@@ -485,6 +485,10 @@ class AttentionWorkspace:
     (rounded down to whole blocks)."""
 
     def __init__(self, max_splits: int, max_T: int, Hq: int, D: int):
+        if max_splits < NWARPS:
+            raise ValueError(f"AttentionWorkspace: max_splits must be >= {NWARPS} (one block), got {max_splits}")
+        if D > 32 * _MAX_DW:
+            raise ValueError(f"AttentionWorkspace: head_dim <= {32 * _MAX_DW}, got {D}")
         self.max_splits, self.max_T, self.Hq, self.D = int(max_splits), int(max_T), int(Hq), int(D)
         n = self.max_splits * self.max_T * self.Hq
         self.acc = cuda.device_array(n * self.D, np.float32)
@@ -527,6 +531,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     P = k_codes.shape[1]
     if T > ws.max_T or Hq != ws.Hq or D != ws.D:
         raise ValueError(f"attention workspace is for T<={ws.max_T}, Hq={ws.Hq}, D={ws.D}; got {T}, {Hq}, {D}")
+    if T == 0:
+        return out
     L_max = pos0 + T
     if check_cold and isinstance(table, np.ndarray) and _cold_in_range(table, -(-L_max // P)):
         raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
