@@ -520,7 +520,7 @@ def _cold_in_range(table, n_pages: int) -> bool:
 
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
-                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=False, max_registers=None):
+                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
