@@ -5,25 +5,13 @@ tests are skipped. With a GPU, the same kernel tests run on the device and `gpu`
 """
 from __future__ import annotations
 
-import ctypes
 import os
 
 import pytest
 
+from coldkv.cuda_probe import cuda_present  # numba-free: must run before numba is imported
 
-def _gpu_present() -> bool:
-    """True when the CUDA driver loads and reports at least one device (no numba import)."""
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-    return False
-
-
-HAS_GPU = _gpu_present()
+HAS_GPU = cuda_present()
 if not HAS_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     __import__("cudasim_warp").install()  # warp intrinsics (ballot/shfl) for the simulator

@@ -6,13 +6,13 @@ shared by every backend.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from coldkv.cuda_probe import cuda_present
 from coldkv.errors import DeviceError, PlanError
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.kv_cache import PagedKVCache, kv_bytes_per_token
@@ -44,18 +44,6 @@ class Backend(Protocol):
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         """Raise PlanError if a cache of max_tokens with this table cannot fit."""
-
-
-def cuda_present() -> bool:
-    """True when the CUDA driver loads and reports a device (no numba import, no CUDA context)."""
-    for name in ("libcuda.so.1", "libcuda.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        count = ctypes.c_int(0)
-        return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-    return False
 
 
 def select_device(device: str) -> tuple[str, str | None]:

@@ -10,7 +10,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from coldkv.errors import InputError
-from coldkv.runtime.backend import cpu_summary, cuda_present, load_backend
+from coldkv.cuda_probe import cuda_present
+from coldkv.runtime.backend import cpu_summary, load_backend
 from coldkv.runtime.blas import blas_threads, get_threads
 from coldkv.runtime.engine import DEFAULT_PREFILL_CHUNK, generate
 from coldkv.runtime.kv_cache import kv_bytes_per_token
