@@ -187,6 +187,21 @@ def run_gpu(args, save):
         dc, ds = (cuda.to_device(a) for a in Q.pool_arrays(f, H * 2, P, D))
         Q.launch_append(fid, cuda.to_device(xs), 0, cuda.to_device(tab_s), dc, ds, d_g)
         assert np.array_equal(dc.copy_to_host(), c_cpu) and np.array_equal(ds.copy_to_host(), s_cpu), f
+        # ... and dequant / requant of those pages == the reference, before anything is timed
+        sp = tab_s.reshape(-1).copy()
+        sg = np.repeat(g, 2).astype(np.float32)
+        d_out = cuda.device_array((sp.size, P, D), np.float32)
+        Q.launch_dequant_pages(fid, dc, ds, cuda.to_device(sp), cuda.to_device(sg), d_out)
+        oc0, os0 = Q.pool_arrays("c4g64", sp.size, P, D)
+        d_oc, d_os, d_og = cuda.to_device(oc0), cuda.to_device(os0), cuda.device_array(sp.size, np.float32)
+        Q.launch_requant_c4g64(fid, dc, ds, cuda.to_device(sp), cuda.to_device(sg), d_oc, d_os, d_og)
+        got, goc, gos, gog = d_out.copy_to_host(), d_oc.copy_to_host(), d_os.copy_to_host(), d_og.copy_to_host()
+        for i, pg in enumerate(sp):
+            ref = Q.ref_dequantize(c_cpu[pg], s_cpu[pg], fid, sg[i], D)
+            assert np.array_equal(got[i].view(np.uint32), ref.view(np.uint32)), (f, "dequant")
+            rc, rs, rg = Q.ref_requantize(c_cpu[pg], s_cpu[pg], fid, sg[i], D)
+            assert np.array_equal(goc[i], rc) and np.array_equal(gos[i], rs), (f, "requant")
+            assert np.float32(gog[i]) == np.float32(rg), (f, "requant g")
 
         # append: the whole x into a shuffled pool
         table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
@@ -276,8 +291,9 @@ def main():
             print(f"| {name} | " + " | ".join(f"{v:.3g}" for v in row.values()) + " |")
         save(out, {**meta, **res})
         return
-    if args.small:
-        args.gib, args.repeats = 128 / (1 << 20), 1
+    if args.small:  # two 64-token pages of 2 heads x 64 (the simulator runs every thread in Python)
+        args.heads, args.head_dim, args.repeats = 2, 64, 1
+        args.gib = 2 * args.page_tokens * 4 * args.heads * args.head_dim / GIB
     try:
         import numba_cuda
 

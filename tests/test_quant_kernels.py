@@ -258,3 +258,91 @@ def test_gpu_large_bit_identical(fmt, D):
     np.testing.assert_array_equal(d_oc.copy_to_host(), oc)
     np.testing.assert_array_equal(d_os.copy_to_host(), os_)
     np.testing.assert_array_equal(bits(d_og.copy_to_host()), bits(og))
+
+
+# ------------------------------------------------------------------------------ CUDA layout edges
+# The CUDA kernels give a lane 8 consecutive values of a 256-value chunk and use shifts when the
+# head count / page size are powers of two: cover partial chunks, D = 256 / 512 (a chunk is one or
+# half a row), non-power-of-two heads and page sizes, and poisoned groups on every path.
+@njit
+def _e2m1_bits_mismatches(lo, hi, sign):
+    bad = 0
+    for b in range(lo, hi):
+        v = np.uint32(b | sign).view(np.float32)
+        if Q.e2m1_enc_bits(v) != fp.e2m1_enc(v):
+            bad += 1
+    return bad
+
+
+def test_e2m1_enc_bits_matches_scalar_core():
+    """The CUDA kernels' bit-trick E2M1 encoder == fp.e2m1_enc on every float32 with |v| <= 8."""
+    for sign in (0, 0x80000000):
+        assert _e2m1_bits_mismatches(0, 0x41000001, sign) == 0
+    v = np.float32([1e30, 7.0, 6.5, 6.0000005, 3.4e38, 1e-45, -1e-45]).astype(np.float32)
+    assert [Q.e2m1_enc_bits(a) for a in v] == [fp.e2m1_enc(a) for a in v]
+
+
+def test_bit_decoders_match_scalar_cores():
+    for c in range(16):
+        assert bits(np.float32(Q.e2m1_dec_bits(c))) == bits(np.float32(fp.e2m1_dec(c)))
+        assert bits(np.float32(Q.iso3_dec_bits(c))) == bits(np.float32(fp.iso3_dec(c)))
+
+
+ODD = [(3, 3, 64, 3, 2), (2, 1, 256, 4, 1), (1, 2, 512, 2, 0)]  # (T, H, D, P, pos0)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("shape", ODD)
+def test_append_cuda_odd_shapes(fmt, shape):
+    T, H, D, P, pos0 = shape
+    x, table, codes, scales, g = setup(fmt, T=T, H=H, D=D, P=P, pos0=pos0, seed=7)
+    x[0, H - 1, D - 1] = np.nan
+    x[T - 1, 0, 40] = -np.inf
+    want_c, want_s = expected_pool(fmt, x, pos0, table, codes, scales, g)
+    Q.launch_append(fmt, x, pos0, table, codes, scales, g)
+    np.testing.assert_array_equal(codes, want_c)
+    np.testing.assert_array_equal(scales, want_s)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("shape", ODD)
+def test_dequant_requant_cuda_odd_shapes(fmt, shape):
+    T, H, D, P, pos0 = shape
+    x, table, codes, scales, g = setup(fmt, T=T, H=H, D=D, P=P, pos0=pos0, seed=8, scale=2.0)
+    x[0, 0, 5] = np.nan  # a poisoned group (row for int8, value for bf16) in page table[0, 0]
+    Q.append_cpu(fmt, x, pos0, table, codes, scales, g)
+    pages = table.reshape(-1).astype(np.int32)
+    gs = np.repeat(g, table.shape[1]).astype(np.float32)
+    out = np.zeros((pages.size, P, D), np.float32)
+    Q.launch_dequant_pages(fmt, codes, scales, pages, gs, out)
+    oc, os_ = Q.pool_arrays("c4g64", pages.size, P, D)
+    og = np.zeros(pages.size, np.float32)
+    Q.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
+    for i in range(pages.size):
+        ref = Q.ref_dequantize(codes[pages[i]], scales[pages[i]], fmt, gs[i], D)
+        np.testing.assert_array_equal(bits(out[i]), bits(ref))
+        c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gs[i], D)
+        np.testing.assert_array_equal(oc[i], c)
+        np.testing.assert_array_equal(os_[i], s)
+        assert bits(np.float32(og[i])) == bits(np.float32(g2))
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("gmul", [-1.0, 1e-37])
+def test_requant_cuda_unusual_source_globals(fmt, gmul):
+    """Negative steps (the code-table sign rule) and steps so large that products overflow to inf
+    (the non-finite fallbacks): still == the reference."""
+    x, table, codes, scales, g = sim_setup(fmt)
+    x[0, 0, 9] = np.nan
+    Q.append_cpu(fmt, x, 3, table, codes, scales, g)
+    pages = table.reshape(-1).astype(np.int32)
+    gsrc = np.repeat(g * np.float32(gmul), table.shape[1]).astype(np.float32)
+    oc, os_ = Q.pool_arrays("c4g64", pages.size, 4, 64)
+    og = np.zeros(pages.size, np.float32)
+    Q.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
+    for i in range(pages.size):
+        with np.errstate(over="ignore", invalid="ignore"):
+            c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gsrc[i], 64)
+        np.testing.assert_array_equal(oc[i], c)
+        np.testing.assert_array_equal(os_[i], s)
+        assert bits(np.float32(og[i])) == bits(np.float32(g2))

@@ -46,6 +46,7 @@ from coldkv.numba_kernels.fp import (
     e2m1_enc,
     e4m3_dec,
     e4m3_enc,
+    f32_bits,
     global_scale_for,
     int8_enc,
     iso3_dec,
@@ -406,135 +407,367 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 
 
 # ================================================================================== CUDA
-# Layout of every kernel: one thread per PAIR of values (one code byte of the 4-bit formats), a
-# block of 256 threads shaped (D/2, 256 / (D/2)), so a warp reads 256 B of x and writes 32
-# consecutive code bytes: coalesced both ways. Group maxima (16, 64 or a whole row) are reduced
-# in shared memory by a tree over the group's 8, 32 or D/2 threads; hence D must be a power of
-# two (64, 128, 256). The scalar math is the same cores as the CPU kernels.
-_THREADS = 256
-
-
-@cuda.jit(device=True)
-def seg_max(smem, tid, v, seg):
-    """Max of v over aligned segments of `seg` consecutive threads (seg a power of two).
-
-    Every thread of the block must call it (it synchronises)."""
-    smem[tid] = v
-    s = 1
-    while s < seg:
-        cuda.syncthreads()
-        if (tid & (2 * s - 1)) == 0:
-            smem[tid] = max(smem[tid], smem[tid + s])
-        s *= 2
-    cuda.syncthreads()
-    out = smem[tid & ~(seg - 1)]
-    cuda.syncthreads()  # smem is reused by the next call
-    return out
+# Layout shared by the three kernels (why: the old thread-per-pair kernels were instruction and
+# latency bound, not bandwidth bound; docs/formats.md "Kernel speed" has the numbers):
+#   - warps, not blocks, own the work: a grid-stride loop hands each warp a unit (a 256-value
+#     chunk of x, a page, or a row); no __syncthreads and no block-wide shared reductions.
+#   - 4-bit formats: a lane owns 8 consecutive values = one uint32 of codes (8 nibbles), so a
+#     16-group is a lane pair and a 64-group 8 lanes: the group max is 1 or 3 shfl_xor, the E4M3
+#     scale is computed once per 8 values, and codes move as coalesced 128 B uint32 rows.
+#     fp32 x (append) and fp32 out (dequant) go through a warp-private shared-memory row so that
+#     global loads/stores stay lane-consecutive (coalesced) while a lane works on 8 consecutive
+#     values; the row is padded (slot q + q // 32) so both access orders are bank-conflict free.
+#   - bf16 and int8 (no 16/64 groups) are lane-strided: value c of a row goes to lane c % 32.
+#   - D (head_dim) is a power of two: row/column come from shifts. Heads and page_tokens use
+#     shifts when they are powers of two, else one 32-bit division per unit (not per value).
+#   - Same scalar cores as the CPU kernels except the E2M1 encoder (e2m1_enc_bits, bit-identical,
+#     cheaper); float math stays float32 and a multiply never feeds an add (fp.py).
+_WARPS = 4  # warps per block
+_CHUNK = 256  # values per warp step in the 4-bit paths: 8 per lane
+_SROW = _CHUNK + _CHUNK // 32  # padded shared-memory row per warp
+_FULL = 0xFFFFFFFF
+_MAX_BLOCKS = 4096  # grid-stride: ~2 waves of resident warps on an H200 (132 SMs x 64 warps)
 
 
 @register_jitable
-def _seg(fmt, half):
-    """Threads (value pairs) per scale group: 8 (nvfp4, iso3), 32 (c4g64), the row (int8)."""
-    if fmt == 1:
-        return half
-    if fmt == 4:
-        return 32
-    return 8 if fmt != 0 else 1
+def e2m1_enc_bits(v):
+    """float32 -> E2M1 code; the same result as fp.e2m1_enc (RNE, ties to the even code, saturate),
+    in 32-bit float ops only (Numba's integer math is 64-bit, twice the instructions on the GPU).
+
+    a = min(|v|, 6) lies in a stretch of the E2M1 grid with a uniform step (0.5 below 2, 1 in
+    [2, 4), 2 from 4): adding 2^22, 2^23 or 2^24 (whose ulp is that step) and subtracting it again
+    rounds a to the grid, ties to the even multiple of the step = the even code. The code of grid
+    value q is min(2q, q + 2, q / 2 + 4) (exact: q has one significant bit after the point) and
+    adding 2^23 puts it in the low bits. The min() clamp sits between v = x * r and the first add,
+    so no fma contraction can change the rounding (q * 0.5 is exact: fused or not is the same).
+    """
+    a = min(abs(np.float32(v)), np.float32(6.0))
+    big = np.float32(16777216.0) if a >= np.float32(4.0) else (
+        np.float32(8388608.0) if a >= np.float32(2.0) else np.float32(4194304.0))
+    q = (a + big) - big
+    m = min(q + q, min(q + np.float32(2.0), q * np.float32(0.5) + np.float32(4.0)))
+    return ((f32_bits(v) >> 28) & 8) | (f32_bits(m + np.float32(8388608.0)) - 0x4B000000)
+
+
+@register_jitable
+def e2m1_dec_bits(c):
+    """E2M1 code -> float32, the same value as fp.e2m1_dec, built from bits (no int->float convert):
+    magnitude m >= 2 is fp32 with exponent 126 + m // 2 and mantissa bit m & 1; 1 is 0.5; 0 is 0."""
+    m = c & 7
+    b = ((m + 252) << 22) if m >= 2 else m * 0x3F000000
+    return bits_f32(b | ((c & 8) << 28))
+
+
+@register_jitable
+def iso3_dec_bits(c):
+    """ISO3 code -> signed magnitude, the same value as fp.iso3_dec: 2^23 + m has m in its low bits."""
+    v = bits_f32(0x4B000000 | (c & 7)) - np.float32(8388608.0)
+    return bits_f32(f32_bits(v) | ((c & 8) << 28))
+
+
+@register_jitable
+def _log2(n):
+    """log2 of a power of two n; -1 when n is not a power of two (the caller divides then)."""
+    if n <= 0 or (n & (n - 1)) != 0:
+        return -1
+    s = 0
+    while (1 << s) < n:
+        s += 1
+    return s
+
+
+@register_jitable
+def _divmod(a, n, sh):
+    """(a // n, a % n) for a >= 0, by shift and mask when sh = log2(n) >= 0."""
+    if sh >= 0:
+        return a >> sh, a & (n - 1)
+    q = a // n
+    return q, a - q * n
+
+
+@register_jitable
+def _slot(q):
+    """Padded shared-memory slot of chunk value q (0..255)."""
+    return q + (q >> 5)
+
+
+@register_jitable
+def _absbits(v):
+    """|v| as int bits: for floats >= 0 integer order is float order, and NaN/inf sort above every
+    finite value, so an integer max carries "this group holds a non-finite value"."""
+    return f32_bits(v) & 0x7FFFFFFF
+
+
+@register_jitable
+def _amax_of_bits(m):
+    """Group max from _absbits maxima: +inf for a poisoned group (as abs_or_inf), else the float."""
+    return np.float32(np.inf) if m > 0x7F7FFFFF else bits_f32(m)
 
 
 @cuda.jit(device=True)
-def _store_pair(fmt, x0, x1, amax, g, codes, scales, page, row, col):
-    """Write the codes of x0, x1 (columns col, col+1) and, from the group's first thread, its scale."""
-    if fmt == 0:
-        codes[page, row, col] = bf16_enc(x0)
-        codes[page, row, col + 1] = bf16_enc(x1)
-    elif fmt == 1:
-        scale, inv = int8_row_scale(amax)
-        if col == 0:
-            scales[page, row, 0] = scale
-        codes[page, row, col] = int8_enc(x0, inv) if inv > np.float32(0.0) else 0
-        codes[page, row, col + 1] = int8_enc(x1, inv) if inv > np.float32(0.0) else 0
-    else:
-        sh = 6 if fmt == 4 else 4
-        sb = group_scale(fmt, amax, g)
-        if (col & ((1 << sh) - 1)) == 0:
-            scales[page, row, col >> sh] = sb
-        codes[page, row, col >> 1] = encode_pair(fmt, x0, x1, group_mult(sb, g), sb)
+def _warp_max_bits(m, lanes):
+    """Max of m over aligned groups of `lanes` (1, 2, 8 or 32) lanes: log2(lanes) shfl_xor."""
+    s = 1
+    while s < lanes:
+        m = max(m, np.int64(cuda.shfl_xor_sync(_FULL, np.int32(m), s)))
+        s *= 2
+    return m
+
+
+@cuda.jit(device=True)
+def _encode8(fmt, sm, w, lane, r, sb):
+    """uint32 of the 8 codes of this lane's values sm[w, slot(8 lane + j)] (0 for a poisoned group)."""
+    word = 0
+    if sb != E4M3_NAN:
+        for j in range(8):
+            v = sm[w, _slot(8 * lane + j)]
+            c = iso3_enc(v, r) if fmt == 3 else e2m1_enc_bits(v * r)
+            word |= c << (4 * j)
+    return word
+
+
+@cuda.jit(device=True)
+def _decode_nibble(fmt, c, d):
+    """Value of a 4-bit code with group step d (exactly dequantize_chunk's arithmetic)."""
+    return (iso3_dec_bits(c) if fmt == 3 else e2m1_dec_bits(c)) * d
 
 
 @cuda.jit
 def append_cuda(fmt_id, x, pos0, table, codes, scales, gscale):
-    """Same semantics as append_cpu. Block (D/2, 256 // (D/2)); row = token * H + head."""
+    """Same semantics as append_cpu; x [T, H, D] fp32, row (t, h) goes to table[h, (pos0+t) // P]."""
     T, H, D = x.shape
     P = codes.shape[1]
-    smem = cuda.shared.array(_THREADS, np.float32)
-    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    col = 2 * cuda.threadIdx.x
-    r = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    live = r < T * H
-    t, h = (r // H, r % H) if live else (0, 0)
-    x0 = x[t, h, col] if live else np.float32(0.0)
-    x1 = x[t, h, col + 1] if live else np.float32(0.0)
-    amax = max(abs_or_inf(x0), abs_or_inf(x1))
-    if fmt_id != 0:
-        amax = seg_max(smem, tid, amax, _seg(fmt_id, D // 2))
-    if live:
-        pos = pos0 + t
-        page = table[h, pos // P]
-        if page >= 0:  # the host wrapper checks the table; a kernel cannot raise
-            _store_pair(fmt_id, x0, x1, amax, gscale[h], codes, scales, page, pos % P, col)
+    sm = cuda.shared.array((_WARPS, _SROW), np.float32)
+    lane = cuda.threadIdx.x & 31
+    w = cuda.threadIdx.x >> 5
+    gw = cuda.blockIdx.x * _WARPS + w
+    nw = cuda.gridDim.x * _WARPS
+    ld, lh, lp = _log2(D), _log2(H), _log2(P)
+    if fmt_id <= 1:  # bf16, int8: a warp per row, lane-strided
+        for rr in range(gw, T * H, nw):
+            t, h = _divmod(rr, H, lh)
+            pi, pr = _divmod(pos0 + t, P, lp)
+            page = table[h, pi]
+            if page < 0:  # the host wrapper checks the table; a kernel cannot raise
+                continue
+            if fmt_id == 0:
+                for c in range(lane, D, 32):
+                    codes[page, pr, c] = bf16_enc(x[t, h, c])
+                continue
+            m = 0
+            for c in range(lane, D, 32):
+                m = max(m, _absbits(x[t, h, c]))
+            scale, inv = int8_row_scale(_amax_of_bits(_warp_max_bits(m, 32)))
+            if lane == 0:
+                scales[page, pr, 0] = scale
+            for c in range(lane, D, 32):  # x again: L1 hits
+                codes[page, pr, c] = int8_enc(x[t, h, c], inv) if inv > np.float32(0.0) else 0
+        return
+    # 4-bit: chunk = 256 consecutive values of x (flat [T*H*D]); rows are D >= 64 values, so a
+    # chunk holds whole 16/64-groups. codes viewed as uint32 [n_pages, P, D/8].
+    codes32 = codes.view(np.uint32)
+    gsh = 6 if fmt_id == 4 else 4
+    n = T * H * D
+    for base in range(gw * _CHUNK, n, nw * _CHUNK):
+        # coalesced load: slot k holds values base + 32k + lane, one row (t, h) per slot
+        t, h = _divmod(base >> ld, H, lh)
+        for k in range(_CHUNK // 32):
+            q = base + 32 * k + lane
+            if k > 0 and ((32 * k) & (D - 1)) == 0:  # next row
+                h += 1
+                if h == H:
+                    h = 0
+                    t += 1
+            sm[w, _slot(32 * k + lane)] = x[t, h, q & (D - 1)] if q < n else np.float32(0.0)
+        cuda.syncwarp()
+        # lane owns values q0 .. q0 + 7
+        q0 = base + 8 * lane
+        m = 0
+        for j in range(8):
+            m = max(m, _absbits(sm[w, _slot(8 * lane + j)]))
+        amax = _amax_of_bits(_warp_max_bits(m, 8 if fmt_id == 4 else 2))
+        if q0 < n:
+            t, h = _divmod(q0 >> ld, H, lh)
+            pi, pr = _divmod(pos0 + t, P, lp)
+            page = table[h, pi]
+            if page >= 0:
+                g = gscale[h]
+                sb = group_scale(fmt_id, amax, g)
+                col = q0 & (D - 1)
+                codes32[page, pr, col >> 3] = _encode8(fmt_id, sm, w, lane, group_mult(sb, g), sb)
+                if (col & ((1 << gsh) - 1)) == 0:
+                    scales[page, pr, col >> gsh] = sb
+        cuda.syncwarp()  # the row is refilled by the next chunk
 
 
 @cuda.jit
 def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
-    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. Thread per pair."""
+    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. A warp per page."""
     n, P, D = out.shape
-    r = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
-    if r >= n * P:
-        return
-    col = 2 * cuda.threadIdx.x
-    j, t = r // P, r % P
-    dequantize_chunk(fmt_id, codes, scales, pages[j], t, col, 2, gs[j], out[j, t], col)
+    sm = cuda.shared.array((_WARPS, _SROW), np.float32)
+    lane = cuda.threadIdx.x & 31
+    w = cuda.threadIdx.x >> 5
+    ld = _log2(D)
+    pd = P * D
+    gsh = 6 if fmt_id == 4 else 4
+    codes32 = codes.view(np.uint32)  # the 4-bit path reads 8 codes per lane as one uint32
+    for j in range(cuda.blockIdx.x * _WARPS + w, n, cuda.gridDim.x * _WARPS):
+        page = pages[j]
+        g = gs[j]
+        if fmt_id <= 1:  # lane-strided, coalesced both ways
+            for q in range(lane, pd, 32):
+                t, c = q >> ld, q & (D - 1)
+                if fmt_id == 0:
+                    out[j, t, c] = bf16_dec(codes[page, t, c])
+                else:
+                    out[j, t, c] = np.float32(codes[page, t, c]) * np.float32(scales[page, t, 0])
+            continue
+        for base in range(0, pd, _CHUNK):
+            q0 = base + 8 * lane
+            if q0 < pd:  # decode this lane's 8 values (one uint32, one group step) into its slots
+                t, c = q0 >> ld, q0 & (D - 1)
+                word = np.int64(codes32[page, t, c >> 3])
+                d = e4m3_dec(np.int64(scales[page, t, c >> gsh])) / np.float32(g)
+                for k in range(8):
+                    sm[w, _slot(8 * lane + k)] = _decode_nibble(fmt_id, (word >> (4 * k)) & 15, d)
+            cuda.syncwarp()
+            for k in range(_CHUNK // 32):  # coalesced stores
+                q = base + 32 * k + lane
+                if q < pd:
+                    out[j, q >> ld, q & (D - 1)] = sm[w, _slot(32 * k + lane)]
+            cuda.syncwarp()
+
+
+@cuda.jit(device=True)
+def _decode8(fmt, codes, scales, page, t, c, g, vals):
+    """vals[0:8] = decoded values c .. c+7 of row t of `page` (c a multiple of 8)."""
+    if fmt == 0:
+        w2 = codes.view(np.uint64)  # 4 bf16 per uint64
+        for h in range(2):
+            word = np.int64(w2[page, t, (c >> 2) + h])  # int64 view of the bits: shifts below mask
+            for k in range(4):
+                vals[4 * h + k] = bf16_dec((word >> (16 * k)) & 0xFFFF)
+    elif fmt == 1:
+        word = np.int64(codes.view(np.uint64)[page, t, c >> 3])  # 8 int8 codes
+        s = np.float32(scales[page, t, 0])
+        for k in range(8):
+            b = (word >> (8 * k)) & 0xFF
+            vals[k] = np.float32(b - 256 if b >= 128 else b) * s
+    else:
+        word = np.int64(codes.view(np.uint32)[page, t, c >> 3])
+        d = e4m3_dec(np.int64(scales[page, t, c >> (6 if fmt == 4 else 4)])) / np.float32(g)
+        for k in range(8):
+            vals[k] = _decode_nibble(fmt, (word >> (4 * k)) & 15, d)
+
+
+@cuda.jit(device=True)
+def _src4(fmt, codes, scales, page, t, c, g):
+    """4-bit source, the lane's 8 values c .. c+7 of row t: (code word, group step d, lm) with
+    lm = |dec(max code magnitude) * d| = max |value| (rounding is monotonic; may be inf or NaN)."""
+    word = np.int64(codes.view(np.uint32)[page, t, c >> 3])
+    mm = 0
+    for k in range(8):
+        mm = max(mm, (word >> (4 * k)) & 7)
+    d = e4m3_dec(np.int64(scales[page, t, c >> (6 if fmt == 4 else 4)])) / np.float32(g)
+    return word, d, abs(_decode_nibble(fmt, mm, d))
+
+
+@cuda.jit(device=True)
+def _warp_or(v, lanes):
+    """OR of v (< 2^31) over aligned groups of `lanes` lanes."""
+    s = 1
+    while s < lanes:
+        v |= np.int64(cuda.shfl_xor_sync(_FULL, np.int32(v), s))
+        s *= 2
+    return v
 
 
 @cuda.jit
 def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g):
-    """Block j requantizes page pages[j] (global gsrc[j]) to c4g64 in out_*[j].
+    """Requantize page pages[j] (global gsrc[j]) to c4g64 in out_*[j]; a warp per page.
 
-    Pass 1 reduces the page amax over the block (-> out_g[j] = global_scale_for(amax));
-    pass 2 decodes again (L1/L2 hits), reduces each 64-group's max over its 32 threads, encodes.
+    Lane owns 8 consecutive values (one output uint32, 1/8 of a 64-group). Pass 1: the page's
+    finite amax -> out_g[j]; for 4-bit sources a lane's max is _src4's lm, falling back to all 8
+    values only when that is not finite. Pass 2 reads the page again (L1/L2 hits), takes the
+    64-group max with 3 shfl_xor and encodes. A 4-bit source group shares its step d and its output
+    group the multiplier r, so its output code is a function of the source code: the 2 (nvfp4,
+    iso3) or 8 (c4g64) lanes of a source group build the table m -> E2M1 magnitude of dec(m) * d * r
+    (8 nibbles) together, then each lane looks its 8 codes up: 4 or 1 encodes per lane, not 8.
+    The sign of a code is sign(source code) ^ sign(d) ^ sign(r), as IEEE products have it.
     """
     P = codes.shape[1]
     D = out_codes.shape[2] * 2
-    smem = cuda.shared.array(_THREADS, np.float32)
-    pair = cuda.local.array(2, np.float32)
-    tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    rows = cuda.blockDim.y
-    col = 2 * cuda.threadIdx.x
-    j = cuda.blockIdx.x
-    page = pages[j]
-    g = gsrc[j]
-    amax = np.float32(0.0)
-    for t in range(cuda.threadIdx.y, P, rows):
-        dequantize_chunk(fmt_id, codes, scales, page, t, col, 2, g, pair, 0)
-        for k in range(2):
-            a = abs(pair[k])
-            if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
-                amax = a
-    amax = seg_max(smem, tid, amax, _THREADS)
-    g2 = global_scale_for(amax)
-    if tid == 0:
-        out_g[j] = g2
-    for t0 in range(0, P, rows):  # uniform trip count: every thread reaches each seg_max
-        t = t0 + cuda.threadIdx.y
-        x0 = np.float32(0.0)
-        x1 = np.float32(0.0)
-        if t < P:
-            dequantize_chunk(fmt_id, codes, scales, page, t, col, 2, g, pair, 0)
-            x0, x1 = pair[0], pair[1]
-        m = seg_max(smem, tid, max(abs_or_inf(x0), abs_or_inf(x1)), 32)
-        if t < P:
-            _store_pair(4, x0, x1, m, g2, out_codes, out_scales, j, t, col)
+    lane = cuda.threadIdx.x & 31
+    vals = cuda.local.array(8, np.float32)
+    ld = _log2(D)
+    pd = P * D
+    out32 = out_codes.view(np.uint32)
+    for j in range(cuda.blockIdx.x * _WARPS + (cuda.threadIdx.x >> 5), pages.shape[0],
+                   cuda.gridDim.x * _WARPS):
+        page = pages[j]
+        g = gsrc[j]
+        amax = np.float32(0.0)
+        for q0 in range(8 * lane, pd, _CHUNK):
+            t, c = q0 >> ld, q0 & (D - 1)
+            lm = np.float32(np.inf)
+            if fmt_id >= 2:
+                _, _, lm = _src4(fmt_id, codes, scales, page, t, c, g)
+            if lm <= F32_MAX:
+                amax = max(amax, lm)
+            else:  # bf16/int8 source, or a product that overflowed / a poisoned group
+                _decode8(fmt_id, codes, scales, page, t, c, g, vals)
+                for k in range(8):
+                    a = abs(vals[k])
+                    if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
+                        amax = a
+        for s in (16, 8, 4, 2, 1):
+            amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, s))
+        g2 = global_scale_for(amax)
+        if lane == 0:
+            out_g[j] = g2
+        for base in range(0, pd, _CHUNK):  # warp-uniform trip count: every lane shuffles
+            q0 = base + 8 * lane
+            live = q0 < pd  # P * D is a multiple of 64: a 64-group is all live or all not
+            t, c = q0 >> ld, q0 & (D - 1)
+            out = 0
+            if fmt_id >= 2:
+                word, d, lm = 0, np.float32(0.0), np.float32(0.0)
+                if live:
+                    word, d, lm = _src4(fmt_id, codes, scales, page, t, c, g)
+                gm = abs_or_inf(lm)
+                for s in (1, 2, 4):
+                    gm = max(gm, cuda.shfl_xor_sync(_FULL, gm, s))
+                sb = group_scale(4, gm, g2)
+                r = group_mult(sb, g2)
+                lut = 0
+                if fmt_id == 4:
+                    m = lane & 7
+                    lut = _warp_or((e2m1_enc_bits(_decode_nibble(fmt_id, m, d) * r) & 7) << (4 * m), 8)
+                else:
+                    for i in range(4):
+                        m = 2 * i + (lane & 1)
+                        lut |= (e2m1_enc_bits(_decode_nibble(fmt_id, m, d) * r) & 7) << (4 * m)
+                    lut = _warp_or(lut, 2)
+                if live and sb != E4M3_NAN:
+                    for k in range(8):
+                        out |= ((lut >> (4 * ((word >> (4 * k)) & 7))) & 7) << (4 * k)
+                    neg = ((f32_bits(d) ^ f32_bits(r)) >> 31) & 1
+                    out ^= (word & 0x88888888) ^ (0x88888888 if neg else 0)
+            else:
+                m = 0
+                if live:
+                    _decode8(fmt_id, codes, scales, page, t, c, g, vals)
+                    for k in range(8):
+                        m = max(m, _absbits(vals[k]))
+                sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 8)), g2)
+                r = group_mult(sb, g2)
+                if live and sb != E4M3_NAN:
+                    for k in range(8):
+                        out |= e2m1_enc_bits(vals[k] * r) << (4 * k)
+            if live:
+                out32[j, t, c >> 3] = out
+                if (c & 63) == 0:
+                    out_scales[j, t, c >> 6] = sb
 
 
 # Device functions for other kernels (attention): decode one value, or a chunk into a local array.
@@ -543,32 +776,36 @@ dequantize_chunk_dev = cuda.jit(device=True)(dequantize_chunk)
 
 
 # ---------------------------------------------------------------------------------- host launches
-def _block(head_dim: int) -> tuple[int, int]:
-    half = head_dim // 2
+def _check_head_dim(head_dim: int) -> None:
     if head_dim < 64 or head_dim > 512 or head_dim & (head_dim - 1):
         raise ValueError(f"CUDA codec kernels need head_dim a power of two in 64..512, got {head_dim}")
-    return half, _THREADS // half
+
+
+def _grid(units: int) -> int:
+    """Blocks for `units` warp work units (grid-stride loops take any excess)."""
+    return min(_MAX_BLOCKS, math.ceil(units / _WARPS))
 
 
 def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     """Quantize-append on the device (device or host arrays). The table must map every position."""
     T, H, D = x.shape
-    bx, by = _block(D)
-    if T * H:
-        append_cuda[math.ceil(T * H / by), (bx, by), stream](fmt_id, x, pos0, table, codes, scales, gscale)
+    _check_head_dim(D)
+    units = T * H if fmt_id <= 1 else math.ceil(T * H * D / _CHUNK)
+    if units:
+        append_cuda[_grid(units), 32 * _WARPS, stream](fmt_id, x, pos0, table, codes, scales, gscale)
 
 
 def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
     n, P, D = out.shape
-    bx, by = _block(D)
+    _check_head_dim(D)
     if n * P:
-        dequant_pages_cuda[math.ceil(n * P / by), (bx, by), stream](fmt_id, codes, scales, pages, gs, out)
+        dequant_pages_cuda[_grid(n), 32 * _WARPS, stream](fmt_id, codes, scales, pages, gs, out)
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
-    bx, by = _block(out_codes.shape[2] * 2)
-    if pages.shape[0]:
-        requant_c4g64_cuda[pages.shape[0], (bx, by), stream](
+    _check_head_dim(out_codes.shape[2] * 2)
+    if pages.shape[0] and codes.shape[1]:
+        requant_c4g64_cuda[_grid(pages.shape[0]), 32 * _WARPS, stream](
             fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
