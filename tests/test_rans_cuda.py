@@ -161,3 +161,128 @@ def test_gpu_corrupt_slots():
             m[i:] = rng.integers(0, 256, len(m) - i, dtype=np.uint8).tobytes()
         blobs.append(bytes(m) if len(m) else b"\0")
     _check_restore(blobs, 64 * 64, 64 * 2)
+
+
+# ---------------------------------------------------------------------------- decoder internals
+# (register window of stream words, segment switch, table layouts, table reuse, corrupt slots)
+
+@cuda.jit
+def _decode_section_kernel(s16, off, na, one_a, nb, one_b, words, out_a, out_b, status):
+    tab = cuda.shared.array(1024, np.uint32)
+    err = K.warp_decode_section(s16, 0, off, na, one_a, nb, one_b, words, out_a, 0, out_b, 0, tab)
+    if cuda.laneid == 0:
+        status[0] = err
+
+
+def _gpu_section(blob16, off, na, one_a, nb, one_b, words):
+    out_a, out_b = np.zeros(max(na, 1), np.uint8), np.zeros(max(nb, 1), np.uint8)
+    d = [cuda.to_device(a) for a in (out_a, out_b, np.full(1, -1, np.int32))]
+    _decode_section_kernel[1, 32](cuda.to_device(blob16), off, na, one_a, nb, one_b, words, *d)
+    return tuple(a.copy_to_host() for a in d)
+
+
+def _skewed_bytes(rng, n):
+    """Bytes whose two nibbles each follow a skewed distribution (they compress)."""
+    lo = rng.choice(16, n, p=rng.dirichlet(np.full(16, 0.4)))
+    hi = rng.choice(16, n, p=rng.dirichlet(np.full(16, 0.4)))
+    return (lo | (hi << 4)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("alphabet", [16, 256])
+def test_warp_decode_section_streams(alphabet):
+    """Stream blobs: one table (alphabet 16) and two (256), many words (the window slides)."""
+    from coldkv.codecs import rans_decode, rans_encode
+
+    rng = np.random.default_rng(alphabet)
+    sym = _skewed_bytes(rng, 2 * 1600 if alphabet == 16 else 1600) & (alphabet - 1)
+    blob = rans_encode(sym, alphabet)
+    assert blob[3] & K.S_CODED
+    m = sym.size // 2 if alphabet == 16 else sym.size
+    words = int.from_bytes(blob[8:12], "little")
+    assert words > 6 * 32  # several window slides
+    s16 = np.frombuffer(blob + b"\0" * (len(blob) & 1), np.uint16)
+    a, _, st = _gpu_section(s16, K.STREAM_HEADER, m, alphabet == 16, 0, False, words)
+    assert st[0] == K.OK
+    ref = rans_decode(blob)
+    got = np.stack([a & 15, a >> 4], -1).reshape(-1) if alphabet == 16 else a
+    assert np.array_equal(got, ref)
+    # a stored word count one too small: the lanes run out (E_OVERRUN), as on the CPU
+    _, _, st = _gpu_section(s16, K.STREAM_HEADER, m, alphabet == 16, 0, False, words - 1)
+    assert st[0] == K.E_OVERRUN
+    _, _, st = _gpu_section(s16, K.STREAM_HEADER, m, alphabet == 16, 0, False, words - 2)
+    assert st[0] == K.E_OVERRUN
+
+
+@pytest.mark.parametrize("one_b,na,nb", [(True, 700, 300), (False, 1000, 37), (False, 40, 500)])
+def test_warp_decode_section_two_segments(one_b, na, nb):
+    """Segment B with one or two tables, the A/B switch inside a step, B-only steps."""
+    rng = np.random.default_rng(na + nb)
+    a, b = _skewed_bytes(rng, na), _skewed_bytes(rng, nb)
+    cap = (64 + 128 + na + nb + 16) & ~3
+    out = np.zeros(cap + 4, np.uint8)
+    hist, freqs, states = np.zeros(64, np.int64), np.zeros(128, np.int64), np.zeros(32, np.int64)
+    words = K.cpu_encode_section(a, 0, na, False, b, 0, nb, one_b, out, 0, cap, 1 << 30, hist, freqs, states)
+    assert words > 0
+    s16 = out.view(np.uint16)
+    ra, rb = np.zeros(na, np.uint8), np.zeros(nb, np.uint8)
+    assert K.cpu_decode_section(s16, 0, 0, na, False, nb, one_b, words, ra, 0, rb, 0,
+                                np.zeros(1024, np.uint32), np.zeros(32, np.int64)) == K.OK
+    assert np.array_equal(ra, a) and np.array_equal(rb, b)
+    ga, gb, st = _gpu_section(s16, 0, na, False, nb, one_b, words)
+    assert st[0] == K.OK and np.array_equal(ga[:na], a) and np.array_equal(gb[:nb], b)
+
+
+@cuda.jit
+def _decode_two_into_shared(pool16, bases, nbytes, out_codes, status):
+    # one warp, one table buffer, two slots in a row (the tables are rebuilt over the old ones)
+    tab = cuda.shared.array(1024, np.uint32)
+    codes = cuda.shared.array(512, np.uint8)
+    scales = cuda.shared.array(16, np.uint8)
+    h = cuda.local.array(9, np.int64)
+    for k in range(2):
+        err = K.warp_decode_page(pool16, bases[k], nbytes[k], codes, 0, 512, scales, 0, 16, h, tab)
+        cuda.syncwarp(0xFFFFFFFF)
+        for i in range(cuda.laneid, 512, 32):
+            out_codes[k, i] = codes[i]
+        cuda.syncwarp(0xFFFFFFFF)
+        if cuda.laneid == 0:
+            status[k] = err
+
+
+def test_warp_decode_reuses_tables():
+    pages = [random_page("c4g64", "outlier", 16, 64, seed=20 + i) for i in range(2)]
+    blobs = [encode_cold_page(p) for p in pages]
+    assert all(b[3] & K.F_CODED for b in blobs)
+    from coldkv.codecs.slots import pack_pool
+
+    pool16, offs, alloc = pack_pool(blobs)
+    out, status = np.zeros((2, 512), np.uint8), np.full(2, -1, np.int32)
+    d_out, d_st = cuda.to_device(out), cuda.to_device(status)
+    _decode_two_into_shared[1, 32](cuda.to_device(pool16), cuda.to_device(offs), cuda.to_device(alloc), d_out, d_st)
+    out, status = d_out.copy_to_host(), d_st.copy_to_host()
+    assert status.tolist() == [0, 0]
+    for k, p in enumerate(pages):
+        assert np.array_equal(out[k], p.codes.ravel())
+
+
+def test_restore_kernel_fuzz_small():
+    """A few dozen corrupt slots through the restore kernel: status and bytes as on the CPU."""
+    rng = np.random.default_rng(17)
+    bases = [encode_cold_page(random_page("c4g64", kind, 16, 64, seed=30 + i))
+             for i, kind in enumerate(("outlier", "laplace"))]
+    blobs = []
+    for k in range(36):
+        m = bytearray(bases[k % 2])
+        if k % 4 == 0:
+            m = m[: int(rng.integers(1, len(m)))]
+        elif k % 4 == 1:
+            i = int(rng.integers(K.SLOT_HEADER, len(m)))  # the coded body: tables, states, words
+            m[i] ^= 1 << int(rng.integers(0, 8))
+        elif k % 4 == 2:
+            i = int(rng.integers(K.SLOT_HEADER + 48 + K.STATES_BYTES, len(m)))  # the words only
+            m[i:] = rng.integers(0, 256, len(m) - i, dtype=np.uint8).tobytes()
+        else:
+            w = int.from_bytes(m[8:12], "little") + int(rng.choice([-3, -1, 1, 2]))  # word count
+            m[8:12] = max(w, 0).to_bytes(4, "little")
+        blobs.append(bytes(m))
+    _check_restore(blobs, 16 * 32, 16)

@@ -26,7 +26,7 @@ Every decoder here returns a status code (0 = ok); coldkv.codecs.slots raises Co
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, njit, uint32, uint64
+from numba import cuda, int32, njit, uint32, uint64
 
 LANES = 32
 STATE_L = 1 << 16  # lower end of the state interval
@@ -585,75 +585,145 @@ FULL_MASK = 0xFFFFFFFF
 
 
 @cuda.jit(device=True)
+def _stream_word(s16, wbase, words, k):
+    """Renormalisation word k of the section as int32 (for shfl), 0 past the last one (not read)."""
+    if k < words:
+        return int32(s16[uint64(wbase + k)])
+    return int32(0)
+
+
+@cuda.jit(device=True)
+def _fill_symbol(tab, t0, total, s, f, lane):
+    """Decode-table entries of symbol s (frequency f, cumulative `total`, uint32) that belong to
+    this lane (u = lane mod 32). Entry u = (u - cum) | s * 17 << 8 | f << 16 (the symbol in both
+    nibbles, so one table serves lo and hi). Returns the new cumulative total."""
+    end = min(uint32(total + f), uint32(NIB_TOTAL))
+    u = uint32(total + (uint32(uint32(lane) + uint32(LANES) - (total & uint32(LANES - 1))) & uint32(LANES - 1)))
+    e = uint32(uint32((s * 17) << 8) | (f << uint32(16)))
+    while u < end:
+        tab[t0 + u] = uint32(e + (u - total))
+        u = uint32(u + uint32(LANES))
+    return uint32(total + f)
+
+
+@cuda.jit(device=True)
+def _decode_steps(s16, wbase, words, tab, out_a, oa, out_b, ob, na, p0, hi_a, j0, j1, uniform,
+                  x, pos, wb, r0, r1, r2):
+    """Steps j0 <= j < j1 of the warp decoder (see warp_decode_section). `uniform`: every lane
+    of these steps decodes a segment-A byte (no per-lane segment or range test).
+
+    Stream words come from a register window: lane k holds words wb + k (r0), wb + 32 + k (r1)
+    and wb + 64 + k (r2), loaded coalesced two windows ahead of use. The words a step needs lie
+    in [pos, pos + 32) with wb <= pos < wb + 32, so lane k offers r0 if wb + k >= pos, else r1,
+    and a lane needing word pos + prefix shuffles it from lane (pos + prefix) mod 32. No global
+    load depends on the state; there is no per-step overrun test (words past the end read as 0
+    and the final word count decides E_OVERRUN).
+    """
+    lane = cuda.laneid
+    lt = cuda.lanemask_lt()
+    io = uint64(oa + j0 * LANES + lane)
+    lw = uint32(wb + uint32(lane))  # the word this lane offers from r0
+    wn = uint32(wb + uint32(LANES))  # slide the window once pos reaches it
+    for j in range(j0, j1):
+        offer = r0 if lw >= pos else r1
+        need = False
+        active = True
+        lo = uint32(0)
+        hi = uint32(hi_a)
+        if not uniform:
+            i = j * LANES + lane
+            active = i < p0
+            if i >= na:
+                lo = uint32(512)
+                hi = uint32(768)
+        if active:
+            el = tab[(x & uint32(255)) | lo]
+            eh = tab[((x >> uint32(8)) & uint32(255)) | hi]
+            x = uint32((el >> uint32(16)) * ((eh >> uint32(16)) * (x >> uint32(16)) + (eh & uint32(255)))
+                       + (el & uint32(255)))
+            v = uint32((el & uint32(0x0F00)) | (eh & uint32(0xFFFFF0FF))) >> uint32(8)  # low byte counts
+            if uniform:
+                out_a[io] = v
+            else:
+                if i < na:
+                    out_a[uint64(oa + i)] = v
+                else:
+                    out_b[uint64(ob + i - na)] = v
+            need = x < uint32(STATE_L)
+        io += uint64(LANES)
+        m = uint32(cuda.ballot_sync(FULL_MASK, need))
+        w = cuda.shfl_sync(FULL_MASK, offer, int32(pos + uint32(cuda.popc(m & lt))))
+        if need:
+            x = uint32((x << uint32(16)) | uint32(w))
+        pos = uint32(pos + uint32(cuda.popc(m)))
+        if pos >= wn:  # warp-uniform: slide the window by 32 words
+            r0 = r1
+            r1 = r2
+            r2 = _stream_word(s16, wbase, words, uint32(lw + uint32(3 * LANES)))
+            lw = uint32(lw + uint32(LANES))
+            wn = uint32(wn + uint32(LANES))
+    wb = uint32(wn - uint32(LANES))
+    return x, pos, wb, r0, r1, r2
+
+
+@cuda.jit(device=True)
 def warp_decode_section(s16, base, off, na, one_a, nb, one_b, words, out_a, oa, out_b, ob, tab):
     """Warp-cooperative decode of a coded section (all 32 lanes call it, converged).
 
-    s16: slot memory as uint16 words, the slot starting at word `base`; the section (tables,
-    states, `words` words, pad) must already be known to lie inside the slot. out_a / out_b: any
-    uint8 arrays (global or shared). tab: this warp's uint32[1024] shared-memory decode tables.
-    Returns a status code (warp-uniform).
+    s16: slot memory as uint16 words, the slot starting at word `base`; `off` (even) is the
+    section's byte offset in the slot, and the section (tables, states, `words` words, pad) must
+    already be known to lie inside the slot. out_a / out_b: any uint8 arrays (global or shared).
+    tab: this warp's uint32[1024] shared-memory decode tables (A at 0, A hi at 256 unless one_a,
+    B lo at 512, B hi at 768). Returns a status code (warp-uniform).
     """
     lane = cuda.laneid
     n = na + nb
     ta = 16 if one_a else 32
     tb = ta + (0 if nb == 0 else (16 if one_b else 32))
-    # decode tables: lane fills entries u = lane + 32k of each table while scanning the 16 freqs
+    w0 = base + (off >> 1)  # first word of the section
+    wbase = w0 + ((tb + STATES_BYTES) >> 1)
+    # every load of the setup is issued up front (independent, coalesced): frequency bytes (lane
+    # k < tb / 2 holds table bytes 2k, 2k + 1), the lane's state, the first 96 stream words
+    tw = int32(0)
+    if lane < (tb >> 1):
+        tw = int32(s16[uint64(w0 + lane)])
+    sw = w0 + ((tb >> 1) + 2 * lane)
+    x = uint32(uint32(s16[uint64(sw)]) | (uint32(s16[uint64(sw + 1)]) << uint32(16)))
+    words32 = uint32(words)
+    r0 = _stream_word(s16, wbase, words32, uint32(lane))
+    r1 = _stream_word(s16, wbase, words32, uint32(LANES + lane))
+    r2 = _stream_word(s16, wbase, words32, uint32(2 * LANES + lane))
+    cuda.syncwarp(FULL_MASK)  # a previous decode's table reads are done before we overwrite
+    # decode tables: per symbol, lane fills entries u = lane (mod 32)
     bad = False
     for t in range(4 if nb > 0 else 2):
-        t_off = (0 if (t == 0 or one_a) else 16) if t < 2 else ta + (0 if (t == 2 or one_b) else 16)
-        total = 0
-        for s in range(16):
-            f = gpu_rd8(s16, base, off + t_off + s)
-            end = min(total + f, NIB_TOTAL)
-            u = lane
-            if total > lane:
-                u = lane + ((total - lane + 31) & ~31)
-            while u < end:
-                tab[256 * t + u] = uint32(s | (total << 8) | (f << 16))
-                u += 32
-            total += f
+        if t == 1 and one_a:
+            continue  # segment A's hi nibble uses the lo table
+        t_off = (0 if t == 0 else 16) if t < 2 else ta + (0 if (t == 2 or one_b) else 16)
+        total = uint32(0)
+        t0 = uint32(256 * t)
+        for k in range(8):
+            fw = uint32(cuda.shfl_sync(FULL_MASK, tw, (t_off >> 1) + k))
+            total = _fill_symbol(tab, t0, total, uint32(2 * k), fw & uint32(0xFF), lane)
+            total = _fill_symbol(tab, t0, total, uint32(2 * k + 1), fw >> uint32(8), lane)
         if total != NIB_TOTAL:
             bad = True
     if bad:  # uniform: every lane read the same tables
         return E_TABLE
-    x = uint32(gpu_rd32(s16, base, off + tb + 4 * lane))
     if cuda.ballot_sync(FULL_MASK, x < uint32(STATE_L)) != 0:
         return E_STATE
     cuda.syncwarp(FULL_MASK)  # tables visible to the whole warp
-    wbase = base + ((off + tb + STATES_BYTES) >> 1)
-    lt_mask = cuda.lanemask_lt()
-    pos = 0
     p0 = max(n - TAIL, 0)
-    err = OK
-    for j in range((p0 + LANES - 1) // LANES):
-        i = j * LANES + lane
-        need = False
-        if i < p0:
-            t = uint32(0) if i < na else uint32(512)
-            s = x & uint32(0xFFFF)
-            el = tab[t + (s & uint32(255))]
-            eh = tab[t + uint32(256) + (s >> uint32(8))]
-            fa = el >> uint32(16)
-            x = uint32(fa * (eh >> uint32(16)) * (x >> uint32(16))
-                       + ((s >> uint32(8)) - ((eh >> uint32(8)) & uint32(0xFF))) * fa
-                       + (s & uint32(255)) - ((el >> uint32(8)) & uint32(0xFF)))
-            v = (el & uint32(15)) | ((eh & uint32(15)) << uint32(4))
-            # unsigned indices: no negative-index wraparound code in the hot loop
-            if i < na:
-                out_a[uint64(oa + i)] = v
-            else:
-                out_b[uint64(ob + i - na)] = v
-            need = x < uint32(STATE_L)
-        m = cuda.ballot_sync(FULL_MASK, need)
-        total = cuda.popc(m)
-        if pos + total > words:
-            err = E_OVERRUN
-            break
-        if need:
-            x = uint32((x << uint32(16)) | uint32(s16[uint64(wbase + pos + cuda.popc(m & lt_mask))]))
-        pos += total
-    if err != OK:
-        return err
+    hi_a = 0 if one_a else 256
+    ja = min(na, p0) // LANES  # steps whose 32 bytes are all segment A
+    pos = uint32(0)
+    wb = uint32(0)
+    x, pos, wb, r0, r1, r2 = _decode_steps(s16, wbase, words32, tab, out_a, oa, out_b, ob, na, p0, hi_a,
+                                           0, ja, True, x, pos, wb, r0, r1, r2)
+    x, pos, wb, r0, r1, r2 = _decode_steps(s16, wbase, words32, tab, out_a, oa, out_b, ob, na, p0, hi_a,
+                                           ja, (p0 + LANES - 1) // LANES, False, x, pos, wb, r0, r1, r2)
+    if pos > words32:
+        return E_OVERRUN
     # payload: the lane's last <= 3 bytes sit in its final state
     bad = (x >> uint32(24)) != uint32(1)
     i = p0 + ((lane - p0) & (LANES - 1))
@@ -667,7 +737,7 @@ def warp_decode_section(s16, base, off, na, one_a, nb, one_b, words, out_a, oa, 
         elif v != 0:
             bad = True
         i += LANES
-    if cuda.ballot_sync(FULL_MASK, bad) != 0 or pos != words:
+    if cuda.ballot_sync(FULL_MASK, bad) != 0 or pos != words32:
         return E_FINAL
     if words & 1 and s16[wbase + words] != 0:
         return E_PADDING
@@ -738,7 +808,7 @@ def restore_pages_kernel(pool16, slot_word_off, slot_bytes, codes, scales, gbits
 
 PTX_SIGNATURES = [
     (encode_pages_kernel, "void(uint8[:, :], uint8[:, :], uint32[:], int64, int64, int64, uint8[:, :], int32[:])"),
-    (restore_pages_kernel, "void(uint16[:], int64[:], int32[:], uint8[:, :], uint8[:, :], uint32[:], int32[:])"),
+    (restore_pages_kernel, "void(uint16[::1], int64[::1], int32[::1], uint8[:, ::1], uint8[:, ::1], uint32[::1], int32[::1])"),
     (warp_decode_section, "int64(uint16[:], int64, int64, int64, boolean, int64, boolean, int64, "
                           "uint8[:], int64, uint8[:], int64, uint32[:])"),
     (warp_decode_page, "int64(uint16[:], int64, int64, uint8[:], int64, int64, uint8[:], int64, int64, "
