@@ -103,6 +103,8 @@ def _error(args, match, input=None):
 
 
 def test_generate_errors(model_dir, prompt, tmp_path, monkeypatch):
+    # --device auto prints a note when a GPU is present; errors must be the only line either way
+    monkeypatch.setattr("coldkv.runtime.backend.cuda_present", lambda: False)
     m = ["--model", str(model_dir)]
     _error(["generate", str(tmp_path / "none.txt"), *m], "does not exist")
     _error(["generate", str(tmp_path), *m], "is a directory")

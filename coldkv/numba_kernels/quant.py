@@ -529,7 +529,13 @@ def _encode8(fmt, sm, w, lane, r, sb):
 @cuda.jit(device=True)
 def _decode_nibble(fmt, c, d):
     """Value of a 4-bit code with group step d (exactly dequantize_chunk's arithmetic)."""
-    return (iso3_dec_bits(c) if fmt == 3 else e2m1_dec_bits(c)) * d
+    return _canon_nan((iso3_dec_bits(c) if fmt == 3 else e2m1_dec_bits(c)) * d)
+
+
+@cuda.jit(device=True)
+def _canon_nan(v):
+    """The CPU's NaN bits for a poisoned group: GPU arithmetic on a NaN gives 0x7FFFFFFF instead."""
+    return bits_f32(0x7FC00000) if v != v else v
 
 
 @cuda.jit
@@ -620,7 +626,7 @@ def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
                 if fmt_id == 0:
                     out[j, t, c] = bf16_dec(codes[page, t, c])
                 else:
-                    out[j, t, c] = np.float32(codes[page, t, c]) * np.float32(scales[page, t, 0])
+                    out[j, t, c] = _canon_nan(np.float32(codes[page, t, c]) * np.float32(scales[page, t, 0]))
             continue
         for base in range(0, pd, _CHUNK):
             q0 = base + 8 * lane
