@@ -26,7 +26,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -40,6 +39,8 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchutil import git_commit  # noqa: E402
+
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
@@ -50,15 +51,6 @@ VARIANTS = {"nvfp4@r128": ("nvfp4", 128), "int8@r128": ("int8", 128), "bf16@r128
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
-
-
-def git_commit(arg):
-    if arg:
-        return arg
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return os.environ.get("COLDKV_COMMIT", "unknown")
 
 
 def versions():

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from numba import cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchutil import git_commit  # noqa: E402
 
 FMTS = ["bf16", "int8", "nvfp4", "iso3", "c4g64"]
 GIB = 1 << 30
@@ -66,13 +67,6 @@ def nmse_table(tokens=4096, head_dim=128, seed=1):
 
 
 # ------------------------------------------------------------------------------------ GPU
-def git_commit(arg):
-    if arg:
-        return arg
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def timed(fn, repeats):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from numba import cuda, uint32
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchutil import git_commit  # noqa: E402
 from coldkv.codecs import decode_cold_page, encode_cold_page, quantize, rans_encode  # noqa: E402
 from coldkv.codecs.slots import pack_pool, slot_alloc_bytes  # noqa: E402
 from coldkv.numba_kernels import rans as K  # noqa: E402
@@ -270,12 +270,7 @@ def main() -> None:
     args = ap.parse_args()
     import numba
 
-    commit = args.commit
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            commit = "unknown"
+    commit = git_commit(args.commit)
     res = dict(command=" ".join(["python"] + sys.argv), commit=commit, python=platform.python_version(),
                numpy=np.__version__, numba=numba.__version__)
     try:
