@@ -116,6 +116,11 @@ def check(got, ref, ref32, factor=8.0):
 
 
 # ------------------------------------------------------------------------------ simulator, small
+# The simulator runs every thread in Python: these cases take 15-110 s each on 2 cores, so they
+# run with -m slow (and, being small, on the GPU too); the default suite keeps one of each kind.
+SIM_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("kname", list(FMTS))
 @pytest.mark.parametrize("vname", list(FMTS))
 def test_decode_every_format_pair(kname, vname):
@@ -125,14 +130,16 @@ def test_decode_every_format_pair(kname, vname):
 
 
 @pytest.mark.parametrize("G,D,fmts", [(1, 64, ("nvfp4", "iso3")), (6, 64, ("int8", "bf16")),
-                                      (4, 128, ("iso3", "nvfp4")), (6, 256, ("nvfp4", "int8")),
+                                      (4, 128, ("iso3", "nvfp4")),
+                                      pytest.param(6, 256, ("nvfp4", "int8"), marks=SIM_SLOW),
                                       (1, 256, ("bf16", "nvfp4"))])
 def test_decode_gqa_ratios_and_head_dims(G, D, fmts):
     got, ref, ref32 = run_case(FMTS[fmts[0]], FMTS[fmts[1]], G=G, D=D, L=21, H=1, P=8, seed=G * D)
     check(got, ref, ref32)
 
 
-@pytest.mark.parametrize("L,P", [(1, 16), (16, 16), (33, 16), (100, 32), (64, 64), (130, 64)])
+@pytest.mark.parametrize("L,P", [(1, 16), (130, 64)] + [pytest.param(L, P, marks=SIM_SLOW) for L, P in
+                                                        [(16, 16), (33, 16), (100, 32), (64, 64)]])
 def test_decode_context_lengths(L, P):
     got, ref, ref32 = run_case(Q.NVFP4, Q.INT8, G=4, D=64, L=L, H=1, P=P, seed=L)
     check(got, ref, ref32)
@@ -144,12 +151,13 @@ def test_decode_large_logits_lazy_rescale():
     check(got, ref, ref32)
 
 
-@pytest.mark.parametrize("T,L", [(4, 4), (6, 40)])
+@pytest.mark.parametrize("T,L", [(4, 4), pytest.param(6, 40, marks=SIM_SLOW)])
 def test_prefill_chunk_causal(T, L):
     got, ref, ref32 = run_case(Q.ISO3, Q.NVFP4, G=2, D=64, L=L, T=T, H=1, P=16, seed=T)
     check(got, ref, ref32)
 
 
+@SIM_SLOW
 def test_many_splits_share_a_workspace():
     """Several warps/blocks per head (tiny ppw) and a workspace reused across calls."""
     ws = A.AttentionWorkspace(64, 2, 2, 64)
