@@ -17,6 +17,15 @@ if not HAS_GPU:
     __import__("cudasim_warp").install()  # warp intrinsics (ballot/shfl) for the simulator
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_blas_thread():
+    """OpenBLAS threads fight over the 2 shared cores of CI machines (20x slower decode measured)."""
+    from coldkv.runtime.blas import blas_threads  # after the simulator switch above
+
+    with blas_threads(1):
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -1,7 +1,12 @@
+import json
+
+import pytest
 from typer.testing import CliRunner
 
+import coldkv
 from coldkv import __version__
 from coldkv.cli import app
+from tinymodel import GOLDEN_PROMPT_TEXT, make_checkpoint
 
 runner = CliRunner()
 
@@ -19,21 +24,6 @@ def test_help_lists_usage():
 
 
 # ------------------------------------------------------------------------------ generate / info
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-
-import coldkv  # noqa: E402
-from tinymodel import GOLDEN_PROMPT_TEXT, make_checkpoint  # noqa: E402
-from coldkv.runtime.blas import blas_threads  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """OpenBLAS threads fight over the 2 shared cores of CI machines (20x slower decode measured)."""
-    with blas_threads(1):
-        yield
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -19,7 +19,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward  # n
 
 from coldkv.numba_kernels.attention import attention_reference  # noqa: E402
 from coldkv.runtime.backend import CPUBackend  # noqa: E402
-from coldkv.runtime.blas import blas_threads  # noqa: E402
 from coldkv.runtime.engine import generate  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
 from coldkv.runtime.tokenizer import Tokenizer  # noqa: E402
@@ -74,12 +73,6 @@ CASES = {
 }
 ARCH = {"qwen3": "qwen3", "qwen3-yarn": "qwen3", "llama3": "llama", "qwen2": "qwen2"}
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """OpenBLAS threads fight over the 2 shared cores of CI machines (20x slower decode measured)."""
-    with blas_threads(1):
-        yield
 
 
 def _save(tmp_path, name, bf16=False):

@@ -8,7 +8,6 @@ import pytest
 from coldkv.errors import PlanError
 from coldkv.numba_kernels.attention import attention_reference
 from coldkv.runtime.backend import CPUBackend
-from coldkv.runtime.blas import blas_threads
 from coldkv.runtime.engine import generate
 from coldkv.runtime.kv_cache import PagedKVCache
 from coldkv.runtime.kv_table import KVTable, resolve_table
@@ -18,12 +17,6 @@ from tinymodel import make_checkpoint
 
 FORMAT_PAIRS = [("bf16", "bf16"), ("int8", "int8"), ("nvfp4", "iso3"), ("iso3", "nvfp4")]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """OpenBLAS threads fight over the 2 shared cores of CI machines (20x slower decode measured)."""
-    with blas_threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")
