@@ -100,7 +100,7 @@ def test_generate_errors(model_dir, prompt, tmp_path, monkeypatch):
     _error(["generate", str(tmp_path), *m], "is a directory")
     _error(["generate", str(prompt), "--model", str(tmp_path / "nomodel")], "does not exist")
     _error(["generate", str(prompt), *m, "--kv-table", "fp8"], "unknown KV table")
-    _error(["generate", str(prompt), *m, "--device", "cuda"], "CUDA backend")
+    _error(["generate", str(prompt), *m, "--device", "cuda"], "no usable CUDA GPU")
     _error(["generate", str(prompt), *m, "--device", "tpu"], "unknown device")
     _error(["generate", "-", *m], "empty", input="")
     _error(["generate", "-", *m], "not UTF-8", input=b"\xff\xfe bad bytes")

@@ -321,9 +321,15 @@ def test_device_selection(monkeypatch):
     from coldkv.errors import DeviceError
 
     monkeypatch.setattr(backend_mod, "cuda_present", lambda: True)
+    monkeypatch.setattr(backend_mod.importlib.util, "find_spec", lambda name: None)  # no CuPy
     name, note = backend_mod.select_device("auto")
-    assert name == "cpu" and "CUDA backend is not built" in note
+    assert name == "cpu" and "CuPy" in note
+    assert backend_mod.select_device("cuda") == ("cuda", None)
+    monkeypatch.setattr(backend_mod.importlib.util, "find_spec", lambda name: object())
+    assert backend_mod.select_device("auto") == ("cuda", None)
     monkeypatch.setattr(backend_mod, "cuda_present", lambda: False)
     assert backend_mod.select_device("auto") == ("cpu", None) and backend_mod.select_device("cpu") == ("cpu", None)
-    with pytest.raises(DeviceError, match="--device cpu"):
+    with pytest.raises(DeviceError, match="no usable CUDA GPU"):
         backend_mod.select_device("cuda")
+    with pytest.raises(DeviceError, match="unknown device"):
+        backend_mod.select_device("tpu")

@@ -1,4 +1,5 @@
-"""Backends: what the engine needs from a device. The CPU one is here; CUDA plugs in the same seam.
+"""Backends: what the engine needs from a device. The CPU one is here; the CUDA one
+(runtime/cuda_backend.py) plugs in the same seam.
 
 A backend owns the weights in its memory and makes KV caches in its memory; the engine only sees
 token ids in and float32 logits [vocab] out (host numpy), so sampling, stopping and streaming are
@@ -6,6 +7,7 @@ shared by every backend.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Protocol
@@ -47,14 +49,22 @@ class Backend(Protocol):
 
 
 def select_device(device: str) -> tuple[str, str | None]:
-    """-> (backend name, a note for stderr or None)."""
+    """-> (backend name, a note for stderr or None). auto: the GPU when it can be used."""
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r}; use {', '.join(DEVICES)}")
+    if device == "cpu":
+        return "cpu", None
+    present = cuda_present()
     if device == "cuda":
-        raise DeviceError("the CUDA backend is not built yet; use --device cpu")
-    if device == "auto" and cuda_present():
-        return "cpu", "a CUDA GPU is present but the CUDA backend is not built yet; running on the CPU"
-    return "cpu", None
+        if not present:
+            raise DeviceError("--device cuda: no usable CUDA GPU and driver were found; use --device cpu")
+        return "cuda", None
+    if not present:
+        return "cpu", None
+    if importlib.util.find_spec("cupy") is None:
+        return "cpu", ("a CUDA GPU is present but CuPy (the cuBLAS binding) is not installed: "
+                       "pip install 'coldkv[cuda]'; running on the CPU")
+    return "cuda", None
 
 
 def host_memory_available() -> int:
@@ -78,6 +88,22 @@ def cpu_summary() -> str:
     except OSError:
         pass
     return f"{name}, {len(os.sched_getaffinity(0))} cores, {host_memory_available() / 2**30:.1f} GiB available"
+
+
+def gpu_summary() -> str:
+    """The GPU the CUDA backend would use, its free memory, and whether CuPy (cuBLAS) is there."""
+    from numba import cuda
+
+    try:
+        dev = cuda.get_current_device()
+        free, total = cuda.current_context().get_memory_info()
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        text = f"{name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
+    except Exception as exc:  # a driver that loads but cannot make a context
+        return f"present but unusable ({exc})"
+    if importlib.util.find_spec("cupy") is None:
+        text += "; CuPy not installed (pip install 'coldkv[cuda]'), so generate runs on the CPU"
+    return text
 
 
 class CPUBackend:
@@ -115,4 +141,13 @@ class CPUBackend:
 def load_backend(model_dir: Path, device: str = "auto", page_tokens: int = 64) -> tuple[Backend, str | None]:
     """-> (backend with the model loaded, a note for stderr or None)."""
     name, note = select_device(device)
+    if name == "cuda":
+        from numba.cuda.cudadrv.driver import CudaAPIError
+
+        from coldkv.runtime.cuda_backend import CUDABackend
+
+        try:
+            return CUDABackend(model_dir, page_tokens=page_tokens), note
+        except CudaAPIError as exc:  # e.g. out of memory while uploading the weights
+            raise DeviceError(f"CUDA: {exc}; use --device cpu") from None
     return CPUBackend(model_dir, page_tokens=page_tokens), note

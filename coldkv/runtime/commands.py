@@ -11,7 +11,7 @@ from rich.table import Table
 
 from coldkv.errors import InputError
 from coldkv.cuda_probe import cuda_present
-from coldkv.runtime.backend import cpu_summary, load_backend
+from coldkv.runtime.backend import cpu_summary, gpu_summary, load_backend
 from coldkv.runtime.blas import blas_threads, get_threads
 from coldkv.runtime.engine import DEFAULT_PREFILL_CHUNK, generate
 from coldkv.runtime.kv_cache import kv_bytes_per_token
@@ -110,7 +110,7 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
 def info_command(*, model: str | None, json_out: bool) -> None:
     out = Console()
     cuda = cuda_present()
-    device = {"cpu": cpu_summary(), "cuda": "present (backend not built yet)" if cuda else "not found"}
+    device = {"cpu": cpu_summary(), "cuda": gpu_summary() if cuda else "not found"}
     model_dir = resolve_model(model)
     args = load_args(model_dir)
     files = open_checkpoint(model_dir)

@@ -69,11 +69,15 @@ class PagedKVCache:
         self.length = 0  # tokens stored (positions 0..length-1)
         self.pools: list[tuple[Pool, Pool]] = []  # per layer (K pool, V pool)
         for k_fmt, v_fmt in table.layers:
-            self.pools.append(tuple(Pool(f, *pool_arrays(f, 0, page_tokens, head_dim)) for f in (k_fmt, v_fmt)))
+            self.pools.append((self._new_pool(k_fmt), self._new_pool(v_fmt)))
         n = table.n_layers
         self.block_table = np.full((n, 2, n_kv_heads, self.max_pages), -1, np.int32)  # [layer, K/V, head, page]
         self.gscale = np.ones((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head]
         self.calibrated = np.zeros(n, bool)  # second-level scales fixed for this layer?
+
+    def _new_pool(self, fmt: str) -> Pool:
+        """An empty host pool (it grows as tokens arrive); the device cache allocates its own."""
+        return Pool(fmt, *pool_arrays(fmt, 0, self.page_tokens, self.head_dim))
 
     # -- sizes -------------------------------------------------------------------------------------
     @property

@@ -1,4 +1,4 @@
-"""Find and load a Hugging Face checkpoint: config, generation config, float32 weights.
+"""Find and load a Hugging Face checkpoint: config, generation config, float32 or bf16 weights.
 
 `--model` is a directory, or a model id ("Qwen/Qwen3-0.6B") found in the local Hugging Face cache
 (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub). Nothing is ever downloaded.
@@ -114,16 +114,18 @@ class Weights:
         return int(sum(a.size for a in arrays))
 
 
-def load_weights(model_dir: Path, args: ModelArgs) -> Weights:
+def load_weights(model_dir: Path, args: ModelArgs, dtype: str = "f32") -> Weights:
+    """All weights as float32 ("f32", the CPU backend) or as uint16 bf16 bits ("bf16", the CUDA
+    backend: BF16 tensors as stored, F16/F32 ones rounded to bf16)."""
     files = open_checkpoint(model_dir)
     try:
-        return _load_weights(model_dir, args, files)
+        return _load_weights(model_dir, args, files, dtype == "bf16")
     finally:
         for f in set(files.values()):
             f.close()
 
 
-def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, SafetensorsFile]) -> Weights:
+def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, SafetensorsFile], bf16: bool) -> Weights:
     d, hd = args.hidden_size, args.head_dim
     nq, nkv = args.num_attention_heads * hd, args.num_key_value_heads * hd
 
@@ -135,7 +137,7 @@ def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, Safetensors
             raise ModelLoadError(
                 f"tensor {name} has shape {list(f.tensors[name][1])}, config.json implies {list(shape)}"
             )
-        return f.get_f32(name)
+        return f.get_bf16(name) if bf16 else f.get_f32(name)
 
     def opt(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
         return get(name, shape) if name in files else None

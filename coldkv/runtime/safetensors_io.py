@@ -35,6 +35,12 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> uint16 bf16 bits, round to nearest even (finite values; checkpoints hold no NaN)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
 class SafetensorsFile:
     """One .safetensors file: its tensor index, and float32 reads of single tensors."""
 
@@ -87,6 +93,14 @@ class SafetensorsFile:
             return bf16_bits_to_f32(raw)
         return raw.astype(np.float32)
 
+    def get_bf16(self, name: str) -> np.ndarray:
+        """The tensor as uint16 bf16 bits: BF16 as stored, other float dtypes rounded (RNE)."""
+        dtype, shape, begin, end = self.tensors[name]
+        if dtype == "BF16":
+            return np.frombuffer(self._map, dtype="<u2", count=(end - begin) // 2,
+                                 offset=self._data_start + begin).reshape(shape).copy()
+        return f32_to_bf16_bits(self.get_f32(name))
+
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
@@ -133,9 +147,7 @@ def save_file(tensors: dict[str, np.ndarray], path: Path, bf16: bool = False) ->
     for name, arr in tensors.items():
         arr = np.ascontiguousarray(arr)
         if bf16 and arr.dtype == np.float32:
-            bits = arr.view(np.uint32)
-            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-            data, dt = rounded.tobytes(), "BF16"
+            data, dt = f32_to_bf16_bits(arr).tobytes(), "BF16"
         else:
             dt = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("int64"): "I64",
                   np.dtype("int32"): "I32"}[arr.dtype]

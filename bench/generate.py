@@ -1,0 +1,152 @@
+"""End-to-end generate: coldkv's CUDA backend vs HF transformers `generate` (H200 + torch).
+
+    python bench/generate.py --commit HASH                      # 4k, 32k, 128k; writes bench/results/generate.json
+    python bench/generate.py --prompts 4096 --out /tmp/g.json    # quick
+
+The same checkpoint for both (default: the bundled model; for prompts past its 64k context both
+load it with YaRN x4 written into a copied config.json). Prompt: the examples' texts tokenized
+and repeated to the length. For each prompt length and KV table:
+  coldkv  engine.generate on the CUDA backend (chunked prefill of 512, decode steps replayed
+          from a CUDA graph), greedy, --new tokens; prefill_s and decode_s as the engine times
+          them (each decode step includes the logits copy to the host and host-side sampling).
+          A short warm-up generate runs first (Numba compiles kernels once per process).
+  HF      bf16 weights, attn_implementation="sdpa", greedy `generate`; prefill = one forward
+          of the prompt (use_cache=True), decode rate = (new - 1) / (time(generate new) -
+          time(generate 1)). CUDA-synchronized wall clock, median of --repeats.
+Ratios are what to read: both ran in this process on the same GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchutil import git_commit  # noqa: E402
+
+import coldkv  # noqa: E402
+from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
+from coldkv.runtime.engine import generate  # noqa: E402
+from coldkv.runtime.kv_table import resolve_table  # noqa: E402
+from coldkv.runtime.loader import load_args  # noqa: E402
+from coldkv.runtime.tokenizer import Tokenizer  # noqa: E402
+
+
+def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
+    """A copy of the checkpoint directory (weights linked) whose config has YaRN x factor."""
+    out = tmp / f"{model.name}-yarn{factor:g}"
+    out.mkdir()
+    for f in model.iterdir():
+        (out / f.name).symlink_to(f.resolve())
+    cfg = json.loads((model / "config.json").read_text())
+    orig = cfg["max_position_embeddings"]
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig}
+    cfg["max_position_embeddings"] = int(orig * factor)
+    (out / "config.json").unlink()
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def prompt_ids(tok: Tokenizer, n: int) -> list[int]:
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))
+    ids = tok.encode(text)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def time_coldkv(backend, tok, ids, table, new):
+    r = generate(backend, tok, ids, table=table, max_new_tokens=new)
+    if r.decode_steps != new - 1:
+        raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
+    return r.prefill_tokens_per_s, r.decode_tokens_per_s
+
+
+def time_hf(model, torch, ids, new, repeats):
+    x = torch.tensor([ids], device="cuda")
+
+    def timed(fn):
+        ts = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+        return float(np.median(ts))
+
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        model(x[:, :256], use_cache=True)  # warm-up
+        prefill = timed(lambda: model(x, use_cache=True, logits_to_keep=1))
+        g1 = timed(lambda: model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw))
+        gn = timed(lambda: model.generate(x, max_new_tokens=new, min_new_tokens=new, **kw))
+    return len(ids) / prefill, (new - 1) / (gn - g1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=coldkv.DEFAULT_MODEL)
+    ap.add_argument("--prompts", default="4096,32768,131072")
+    ap.add_argument("--tables", default="bf16,nvfp4")
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--commit")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
+    a = ap.parse_args()
+    import torch
+    import transformers
+
+    results = []
+    tmp = Path(tempfile.mkdtemp())
+    try:
+        for n in [int(x) for x in a.prompts.split(",")]:
+            model = a.model
+            ctx = load_args(model).max_position_embeddings
+            if n + a.new > ctx:
+                model = with_yarn(model, 2 ** int(np.ceil(np.log2((n + a.new) / ctx))), tmp)
+            tok = Tokenizer.from_dir(model)
+            ids = prompt_ids(tok, n)
+            backend = CUDABackend(model)
+            n_layers = backend.args.num_hidden_layers
+            time_coldkv(backend, tok, ids[:600], resolve_table(a.tables.split(",")[0], n_layers), 8)  # compile
+            hf = transformers.AutoModelForCausalLM.from_pretrained(
+                model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+            hf_pre, hf_dec = time_hf(hf, torch, ids, a.new, a.repeats)
+            del hf
+            torch.cuda.empty_cache()
+            for name in a.tables.split(","):
+                pre, dec = time_coldkv(backend, tok, ids, resolve_table(name, n_layers), a.new)
+                row = {"prompt_tokens": n, "kv_table": name, "new_tokens": a.new,
+                       "coldkv_decode_tok_s": round(dec, 1), "hf_decode_tok_s": round(hf_dec, 1),
+                       "coldkv_prefill_tok_s": round(pre, 1), "hf_prefill_tok_s": round(hf_pre, 1),
+                       "decode_ratio": round(dec / hf_dec, 3), "prefill_ratio": round(pre / hf_pre, 3),
+                       "model": model.name}
+                print(json.dumps(row), flush=True)
+                results.append(row)
+            del backend
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    out = {
+        "command": "python " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(0),
+        "commit": git_commit(a.commit),
+        "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__,
+                     "numba_cuda": __import__("importlib.metadata").metadata.version("numba-cuda")},
+        "results": results,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

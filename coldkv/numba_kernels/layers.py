@@ -1,0 +1,291 @@
+"""The per-token kernels of the CUDA forward pass, each beside its numpy reference.
+
+Dtypes: the residual stream, GEMM outputs, q and attention outputs are float32; a row that feeds a
+GEMM is rounded once to bf16 (uint16 bits, round to nearest even) because cuBLAS reads bf16 x bf16
+(fp32 accumulate) against the checkpoint's bf16 weights. Norm weights are float32.
+
+  embed_kernel          x[t] = bf16 row tokens[t] of the table                  [T, dim] f32
+  rms_norm_kernel       h = bf16(x / rms(x) * w)                                [T, dim] u16
+  qkv_rope_append_kernel  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
+                        K/V quantized straight into the layer's pages (write_pages=1), or
+                        written as fp32 to kv_out (the chunk that calibrates the 4-bit scales)
+  kv_gscale_kernel      second-level scale of each (K/V, head) from a chunk's max |x|
+  swiglu_kernel         a = bf16(silu(gate) * up)                               [T, inter] u16
+  to_bf16_kernel, add_bias_kernel
+The references (`*_ref`) are the spec the tests hold the kernels to; the CPU model
+(runtime/model.py) computes the same math in float32 without the bf16 roundings.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for
+from coldkv.numba_kernels.quant import _chunk, abs_or_inf, quantize_chunk, ref_bf16_decode, ref_bf16_encode
+
+ROW_THREADS = 128  # one block per row for the row kernels
+WARPS = 4  # warps per block of the per-(token, head) kernel
+MAX_HEAD_DIM = 256  # values per lane <= 8
+GSCALE_HEADROOM = np.float32(4.0)  # the same headroom as the CPU cache (kv_cache.GSCALE_HEADROOM)
+
+
+# ==================================================================================== references
+def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, n] f32, w [n] f32 -> bf16 bits [T, n] of x / sqrt(mean(x^2) + eps) * w."""
+    var = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    return ref_bf16_encode((x / np.sqrt(var + eps) * w).astype(np.float32))
+
+
+def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq: int, nkv: int):
+    """qkv [T, (nq + 2 nkv) D] f32 -> q [T, nq, D], k [T, nkv, D], v [T, nkv, D] float32:
+    bias, then q/k RMSNorm (when given), then RoPE (rotate_half layout) at positions pos0.."""
+    T = qkv.shape[0]
+    D = qkv.shape[1] // (nq + 2 * nkv)
+    x = (qkv + (bias if bias is not None else 0)).reshape(T, nq + 2 * nkv, D).astype(np.float64)
+    q, k, v = x[:, :nq], x[:, nq:nq + nkv], x[:, nq + nkv:]
+    if q_norm is not None:
+        q = q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + eps) * q_norm
+        k = k / np.sqrt(np.mean(k * k, axis=-1, keepdims=True) + eps) * k_norm
+    c, s = cos[pos0:pos0 + T, None, :], sin[pos0:pos0 + T, None, :]
+
+    def rope(y):
+        y1, y2 = y[..., :D // 2], y[..., D // 2:]
+        return np.concatenate([y1 * c - y2 * s, y2 * c + y1 * s], axis=-1)
+
+    return rope(q).astype(np.float32), rope(k).astype(np.float32), v.astype(np.float32)
+
+
+def swiglu_ref(gu: np.ndarray) -> np.ndarray:
+    """gu [T, 2 I] f32 (gate | up) -> bf16 bits [T, I] of silu(gate) * up."""
+    n = gu.shape[1] // 2
+    g = gu[:, :n].astype(np.float64)
+    return ref_bf16_encode((g / (1 + np.exp(-g)) * gu[:, n:]).astype(np.float32))
+
+
+def embed_ref(tokens: np.ndarray, table16: np.ndarray) -> np.ndarray:
+    return ref_bf16_decode(table16[tokens])
+
+
+# ==================================================================================== kernels
+@cuda.jit
+def embed_kernel(tokens, table, x):
+    """x [T, dim] f32 = bf16 rows tokens[t] of table [V, dim] u16."""
+    t = cuda.blockIdx.x
+    tok = tokens[t]
+    for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
+        x[t, c] = bf16_dec(table[tok, c])
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_sum(v):
+    for m in (16, 8, 4, 2, 1):
+        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, m)
+    return v
+
+
+@cuda.jit
+def rms_norm_kernel(x, w, eps, out):
+    """out [T, n] u16 = bf16(x / sqrt(mean(x^2) + eps) * w); one block of ROW_THREADS per row."""
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    n = x.shape[1]
+    part = cuda.shared.array(ROW_THREADS // 32, np.float32)
+    ss = np.float32(0.0)
+    for c in range(tid, n, ROW_THREADS):
+        v = x[row, c]
+        ss += v * v
+    ss = _warp_sum(ss)
+    if tid % 32 == 0:
+        part[tid // 32] = ss
+    cuda.syncthreads()
+    total = np.float32(0.0)
+    for i in range(ROW_THREADS // 32):
+        total += part[i]
+    inv = np.float32(1.0) / math.sqrt(total / np.float32(n) + np.float32(eps))
+    for c in range(tid, n, ROW_THREADS):
+        out[row, c] = bf16_enc(x[row, c] * inv * w[c])
+
+
+@cuda.jit(device=True, inline=True)
+def _quantize_row(fmt, src, D, g, table, h, p, codes, scales, lane):
+    """Append one fp32 row (shared memory) at position p of kv head h: lanes split it into the
+    format's groups and run the same scalar core as the CPU kernel (quant.quantize_chunk)."""
+    P = codes.shape[1]
+    page = table[h, p // P]
+    if page < 0:  # the host maps every position before the launch; a kernel cannot raise
+        return
+    n = _chunk(fmt, D) if fmt != 0 else 16
+    for c0 in range(lane * n, D, 32 * n):
+        quantize_chunk(fmt, src, c0, n, g, codes, scales, page, p % P, c0)
+
+
+@cuda.jit
+def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
+                           k_fmt, k_table, k_codes, k_scales, v_fmt, v_table, v_codes, v_scales,
+                           gscale, write_pages):
+    """A warp per (token t, head slot s): slots [0, Hq) are q heads, then Hq..Hq+H-1 K, then V.
+
+    qkv [T, (Hq + 2H) D] f32 (the fused QKV GEMM's output); bias [(Hq + 2H) D] or empty;
+    q_norm/k_norm [D] or empty; cos/sin [positions, D/2]; pos [1] int32 device: the chunk's first
+    position (device-resident so a captured graph serves every decode step); q_out [T, Hq, D];
+    kv_out [2, T_max, H, D] fp32 scratch; K/V tables [H, max_pages]; gscale [2, H].
+    Lane j-th value is column lane + 32 j, so RoPE's partner column (c + D/2) is in the same lane.
+    """
+    T = qkv.shape[0]
+    Hq, D = q_out.shape[1], q_out.shape[2]
+    H = kv_out.shape[2]
+    S = Hq + 2 * H
+    wib = cuda.threadIdx.x // 32
+    lane = cuda.threadIdx.x % 32
+    warp = cuda.blockIdx.x * WARPS + wib
+    row = cuda.shared.array((WARPS, MAX_HEAD_DIM), np.float32)
+    if warp >= T * S:
+        return  # whole warps only: the grid is rounded up to blocks
+    t = warp // S
+    s = warp % S
+    nv = D // 32
+    vals = cuda.local.array(MAX_HEAD_DIM // 32, np.float32)
+    has_bias = bias.shape[0] > 0
+    for j in range(MAX_HEAD_DIM // 32):
+        if j < nv:
+            c = s * D + lane + 32 * j
+            v = qkv[t, c]
+            if has_bias:
+                v += bias[c]
+            vals[j] = v
+    p = pos[0] + t
+    if s < Hq + H:
+        if q_norm.shape[0] > 0:
+            ss = np.float32(0.0)
+            for j in range(MAX_HEAD_DIM // 32):
+                if j < nv:
+                    ss += vals[j] * vals[j]
+            inv = np.float32(1.0) / math.sqrt(_warp_sum(ss) / np.float32(D) + np.float32(eps))
+            for j in range(MAX_HEAD_DIM // 32):
+                if j < nv:
+                    c = lane + 32 * j
+                    vals[j] = vals[j] * inv * (q_norm[c] if s < Hq else k_norm[c])
+        half = nv // 2
+        for j in range(MAX_HEAD_DIM // 64):
+            if j < half:
+                c = lane + 32 * j
+                co = cos[p, c]
+                si = sin[p, c]
+                x1 = vals[j]
+                x2 = vals[j + half]
+                vals[j] = x1 * co - x2 * si
+                vals[j + half] = x2 * co + x1 * si
+    if s < Hq:
+        for j in range(MAX_HEAD_DIM // 32):
+            if j < nv:
+                q_out[t, s, lane + 32 * j] = vals[j]
+        return
+    plane = 0 if s < Hq + H else 1
+    h = (s - Hq) % H
+    if write_pages == 0:
+        for j in range(MAX_HEAD_DIM // 32):
+            if j < nv:
+                kv_out[plane, t, h, lane + 32 * j] = vals[j]
+        return
+    src = row[wib]
+    for j in range(MAX_HEAD_DIM // 32):
+        if j < nv:
+            src[lane + 32 * j] = vals[j]
+    cuda.syncwarp()
+    if plane == 0:
+        _quantize_row(k_fmt, src, D, gscale[0, h], k_table, h, p, k_codes, k_scales, lane)
+    else:
+        _quantize_row(v_fmt, src, D, gscale[1, h], v_table, h, p, v_codes, v_scales, lane)
+
+
+@cuda.jit
+def kv_gscale_kernel(kv, T, two_level, gscale):
+    """gscale[plane, h] = global_scale_for(4 max|kv[plane, :T, h]|) where two_level[plane], else 1.
+
+    One block per (plane, head): the same calibration the CPU cache makes from a layer's first chunk."""
+    plane = cuda.blockIdx.x // kv.shape[2]
+    h = cuda.blockIdx.x % kv.shape[2]
+    tid = cuda.threadIdx.x
+    D = kv.shape[3]
+    part = cuda.shared.array(ROW_THREADS // 32, np.float32)
+    m = np.float32(0.0)
+    for i in range(tid, T * D, ROW_THREADS):
+        m = max(m, abs_or_inf(kv[plane, i // D, h, i % D]))
+    for k in (16, 8, 4, 2, 1):
+        m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, k))
+    if tid % 32 == 0:
+        part[tid // 32] = m
+    cuda.syncthreads()
+    if tid == 0:
+        for i in range(ROW_THREADS // 32):
+            m = max(m, part[i])
+        gscale[plane, h] = global_scale_for(GSCALE_HEADROOM * m) if two_level[plane] else np.float32(1.0)
+
+
+@cuda.jit
+def swiglu_kernel(gu, out):
+    """out [T, I] u16 = bf16(silu(gate) * up), gu [T, 2I] f32 = (gate | up)."""
+    T, n = out.shape
+    for i in range(cuda.grid(1), T * n, cuda.gridsize(1)):
+        t = i // n
+        c = i % n
+        g = gu[t, c]
+        out[t, c] = bf16_enc(g / (np.float32(1.0) + math.exp(-g)) * gu[t, n + c])
+
+
+@cuda.jit
+def to_bf16_kernel(x, out):
+    """out [n] u16 = bf16(x [n] f32)."""
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        out[i] = bf16_enc(x[i])
+
+
+@cuda.jit
+def add_bias_kernel(y, b):
+    """y [T, n] f32 += b [n]."""
+    T, n = y.shape
+    for i in range(cuda.grid(1), T * n, cuda.gridsize(1)):
+        y[i // n, i % n] += b[i % n]
+
+
+# ==================================================================================== launchers
+def _blocks(n: int, threads: int = 256, cap: int = 1024) -> int:
+    return max(1, min(cap, -(-n // threads)))
+
+
+def launch_embed(tokens, table, x, stream):
+    embed_kernel[x.shape[0], ROW_THREADS, stream](tokens, table, x)
+
+
+def launch_rms_norm(x, w, eps, out, stream):
+    rms_norm_kernel[x.shape[0], ROW_THREADS, stream](x, w, np.float32(eps), out)
+
+
+def launch_qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
+                           k, v, gscale, write_pages: bool, stream):
+    """k, v: (fmt id, table [H, max_pages], codes, scales) of the layer's K and V pools."""
+    T = qkv.shape[0]
+    S = q_out.shape[1] + 2 * kv_out.shape[2]
+    if q_out.shape[2] > MAX_HEAD_DIM or q_out.shape[2] % 64:
+        raise ValueError(f"the CUDA backend supports head_dim a multiple of 64 up to {MAX_HEAD_DIM}")
+    qkv_rope_append_kernel[-(-T * S // WARPS), 32 * WARPS, stream](
+        qkv, bias, q_norm, k_norm, cos, sin, pos, np.float32(eps), q_out, kv_out, *k, *v, gscale,
+        1 if write_pages else 0)
+
+
+def launch_kv_gscale(kv, T: int, two_level, gscale, stream):
+    kv_gscale_kernel[2 * kv.shape[2], ROW_THREADS, stream](kv, T, two_level, gscale)
+
+
+def launch_swiglu(gu, out, stream):
+    swiglu_kernel[_blocks(out.size), 256, stream](gu, out)
+
+
+def launch_to_bf16(x, out, stream):
+    to_bf16_kernel[_blocks(x.shape[0]), 256, stream](x, out)
+
+
+def launch_add_bias(y, b, stream):
+    add_bias_kernel[_blocks(y.size), 256, stream](y, b)

@@ -1,0 +1,231 @@
+"""The CUDA backend: the same forward pass as runtime/model.py on one GPU.
+
+Per layer: RMSNorm -> QKV GEMM -> fused (bias, q/k norm, RoPE, quantize-append of K/V into the
+layer's pages) -> paged attention over every page format -> o_proj GEMM accumulating into the
+residual -> RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM accumulating into the residual.
+GEMMs are cuBLAS (bf16 weights as in the checkpoint, bf16 activations, fp32 accumulate and
+output, runtime/gemm.py); everything else is Numba kernels (numba_kernels/layers.py,
+attention_cuda.py, quant.py). All work runs on one stream; decode steps (one token) are captured
+once per cache as a CUDA graph and replayed (runtime/cuda_graph.py), because the ~100 Numba
+launches of a step would otherwise cost milliseconds of Python per token.
+
+Numerics vs the CPU backend: the CPU keeps activations in float32 with fp32 copies of the
+weights; here the rows entering a GEMM are rounded to bf16 first (as HF transformers does in
+bf16), so logits differ by a small bound (tests/test_cuda_backend.py states it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from coldkv.errors import PlanError
+from coldkv.numba_kernels import layers as L
+from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, paged_attention_cuda
+from coldkv.numba_kernels.quant import launch_append
+from coldkv.runtime.config import ModelArgs
+from coldkv.runtime.cuda_graph import CapturedGraph
+from coldkv.runtime.gemm import CublasGemm
+from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache, device_kv_nbytes
+from coldkv.runtime.kv_table import KVTable
+from coldkv.runtime.rope import Rope
+from coldkv.runtime.safetensors_io import bf16_bits_to_f32
+
+MAX_CHUNK = 512  # tokens per device pass; longer inputs are split (prefill chunks are this size)
+DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tokens: 256 used)
+PREFILL_SPLITS = 16
+
+
+@dataclass
+class DeviceLayer:
+    attn_norm: object  # [dim] f32
+    wqkv: object  # [(nq + 2 nkv) hd, dim] bf16 bits
+    bqkv: object  # [(nq + 2 nkv) hd] f32, or empty
+    q_norm: object  # [hd] f32, or empty
+    k_norm: object
+    wo: object  # [dim, nq hd] bf16
+    bo: object | None  # [dim] f32
+    mlp_norm: object
+    w_gate_up: object  # [2 inter, dim] bf16
+    w_down: object  # [dim, inter] bf16
+
+
+def _f32(a: np.ndarray | None):
+    """A float32 device copy of a bf16-bits vector (norms, biases), or an empty array for None."""
+    return cuda.to_device(bf16_bits_to_f32(a) if a is not None else np.zeros(0, np.float32))
+
+
+class CUDABackend:
+    name = "cuda"
+
+    def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
+                 graphs: bool = True):
+        from coldkv.runtime.loader import load_args, load_weights
+
+        self.args = a = args or load_args(model_dir)
+        if a.head_dim % 64 or a.head_dim > L.MAX_HEAD_DIM:
+            raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
+                            f"this model has {a.head_dim}; use --device cpu")
+        self.page_tokens, self.graphs = page_tokens, graphs
+        self.stream = cuda.stream()
+        self.gemm = CublasGemm(self.stream)
+        w = load_weights(model_dir, a, dtype="bf16")
+        self.embed = cuda.to_device(w.embed)  # [vocab, dim] bf16
+        self.lm_head = self.embed if w.lm_head is w.embed else cuda.to_device(w.lm_head)
+        self.norm = _f32(w.norm)
+        self.layers = [DeviceLayer(
+            attn_norm=_f32(lw.attn_norm), wqkv=cuda.to_device(lw.wqkv), bqkv=_f32(lw.bqkv),
+            q_norm=_f32(lw.q_norm), k_norm=_f32(lw.k_norm), wo=cuda.to_device(lw.wo),
+            bo=_f32(lw.bo) if lw.bo is not None else None, mlp_norm=_f32(lw.mlp_norm),
+            w_gate_up=cuda.to_device(lw.w_gate_up), w_down=cuda.to_device(lw.w_down),
+        ) for lw in w.layers]
+        del w
+        self.rope = Rope(a.rope, a.head_dim)
+        self.sm_scale = float(a.head_dim) ** -0.5
+        self._alloc_buffers()
+        self._rope_rows = 0
+        self._graph: CapturedGraph | None = None
+        self._graph_cache: DevicePagedKVCache | None = None
+        self._warm_cache: DevicePagedKVCache | None = None
+
+    # -- buffers ------------------------------------------------------------------------------------
+    def _alloc_buffers(self) -> None:
+        a, T = self.args, MAX_CHUNK
+        hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
+        f32, u16, dev = np.float32, np.uint16, cuda.device_array
+        self.x = dev((T, a.hidden_size), f32)  # residual stream
+        self.h16 = dev((T, a.hidden_size), u16)  # normed rows: GEMM input
+        self.o16 = dev((T, nq * hd), u16)  # attention output rows: o_proj input
+        self.qkv = dev((T, (nq + 2 * nkv) * hd), f32)
+        self.q = dev((T, nq, hd), f32)
+        self.o = dev((T, nq, hd), f32)
+        self.kv = dev((2, T, nkv, hd), f32)  # K/V of the chunk that calibrates the 4-bit scales
+        self.gu = dev((T, 2 * a.intermediate_size), f32)
+        self.act16 = dev((T, a.intermediate_size), u16)
+        self.logits = dev((1, a.vocab_size), f32)
+        self.logits_all = None  # [T, vocab], made on the first all_logits call
+        self.tok_host = cuda.pinned_array(T, np.int32)
+        self.tok = dev(T, np.int32)
+        self.pos_host = cuda.pinned_array(1, np.int32)
+        self.pos = dev(1, np.int32)  # the chunk's first position, read by kernels (graph-safe)
+        self.logits_host = cuda.pinned_array((T, a.vocab_size), f32)
+        self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
+        self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
+
+    def _ensure_rope(self, rows: int) -> None:
+        """cos/sin [rows, hd/2] f32 on the device, the CPU backend's tables (float64 angles)."""
+        if rows <= self._rope_rows:
+            return
+        cos, sin = self.rope.cos_sin(np.arange(rows))
+        self.cos, self.sin = cuda.to_device(cos), cuda.to_device(sin)
+        self._rope_rows = rows
+        self._graph = self._graph_cache = self._warm_cache = None  # a graph holds the old tables
+
+    # -- Backend protocol ---------------------------------------------------------------------------
+    def new_cache(self, table: KVTable, max_tokens: int) -> DevicePagedKVCache:
+        a = self.args
+        self._ensure_rope(max_tokens)
+        return DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
+
+    def check_memory(self, table: KVTable, max_tokens: int) -> None:
+        a = self.args
+        need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
+        need += max(0, max_tokens - self._rope_rows) * a.head_dim * 4  # cos + sin tables
+        free, total = cuda.current_context().get_memory_info()
+        if need > free:
+            raise PlanError(
+                f"{max_tokens} tokens of KV with table {table.name} need {need / 2**30:.2f} GiB of GPU "
+                f"memory, {free / 2**30:.2f} GiB is free (of {total / 2**30:.1f}); try a smaller "
+                "--kv-table (nvfp4), a shorter prompt or fewer --max-new-tokens"
+            )
+
+    def forward(self, tokens: np.ndarray, cache: DevicePagedKVCache, all_logits: bool = False) -> np.ndarray:
+        """tokens [T] -> float32 logits [vocab] (last position) or [T, vocab]; appends their K/V."""
+        tokens = np.asarray(tokens, np.int64)
+        if len(tokens) > MAX_CHUNK:  # split: each pass appends to the cache, so order is kept
+            parts = [self.forward(tokens[i:i + MAX_CHUNK], cache, all_logits)
+                     for i in range(0, len(tokens), MAX_CHUNK)]
+            return np.concatenate(parts) if all_logits else parts[-1]
+        T = len(tokens)
+        if T == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.args.vocab_size:
+            raise ValueError(f"token ids must be in 0..{self.args.vocab_size - 1}")
+        pos0 = cache.extend(T)
+        s = self.stream
+        self.tok_host[:T] = tokens
+        self.pos_host[0] = pos0
+        cache.sync(s)
+        self.tok.copy_to_device(self.tok_host, stream=s)
+        self.pos.copy_to_device(self.pos_host, stream=s)
+        if T == 1 and not all_logits and cache.calibrated.all():
+            # a decode step: device-resident position. The first one per cache runs eagerly (it
+            # compiles those kernel variants); the next is captured and later ones replay it.
+            if not self.graphs or self._warm_cache is not cache:
+                self._warm_cache = cache
+                out = self._step(1, None, cache, False)
+            else:
+                if self._graph_cache is not cache:
+                    self._graph = CapturedGraph(s, lambda: self._step(1, None, cache, False))
+                    self._graph_cache = cache
+                self._graph.launch()
+                out = self.logits
+        else:
+            out = self._step(T, pos0, cache, all_logits)
+        n = out.shape[0]
+        out.copy_to_host(self.logits_host[:n], stream=s)
+        s.synchronize()
+        return self.logits_host[:n].copy() if all_logits else self.logits_host[0].copy()
+
+    # -- the pass -----------------------------------------------------------------------------------
+    def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool):
+        """Enqueue one pass over T tokens (already in self.tok / self.pos). pos0 None: a captured
+        decode step, where attention reads the position from the device and plans its splits for
+        the cache's whole length."""
+        a, s, gemm = self.args, self.stream, self.gemm
+        eps = a.rms_norm_eps
+        x, h, qkv, q, o, o16 = self.x[:T], self.h16[:T], self.qkv[:T], self.q[:T], self.o[:T], self.o16[:T]
+        L.launch_embed(self.tok[:T], self.embed, x, s)
+        ws = self.ws_decode if T == 1 else self.ws_prefill
+        for i, lw in enumerate(self.layers):
+            kp, vp = cache.pools[i]
+            table, gscale = cache.table_dev[i], cache.gscale_dev[i]
+            L.launch_rms_norm(x, lw.attn_norm, eps, h, s)
+            gemm(h, lw.wqkv, qkv)
+            calibrate = not cache.calibrated[i]
+            L.launch_qkv_rope_append(
+                qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, self.pos, eps, q, self.kv,
+                (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
+                gscale, not calibrate, s)
+            if calibrate:  # the layer's first chunk fixes the 4-bit second-level scales
+                L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, s)
+                for plane, pool in enumerate((kp, vp)):
+                    launch_append(pool.fmt_id, self.kv[plane, :T], pos0, table[plane], pool.codes,
+                                  pool.scales, gscale[plane], stream=s)
+                cache.calibrated[i] = True
+            if pos0 is None:
+                paged_attention_cuda(q, o, self.pos, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id,
+                                     vp.codes, vp.scales, gscale, table, ws, stream=s, check_cold=False,
+                                     plan_len=cache.max_tokens)
+            else:
+                paged_attention_cuda(q, o, pos0, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id,
+                                     vp.codes, vp.scales, gscale, table, ws, stream=s, check_cold=False)
+            L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
+            gemm(o16, lw.wo, x, accumulate=True)
+            if lw.bo is not None:
+                L.launch_add_bias(x, lw.bo, s)
+            L.launch_rms_norm(x, lw.mlp_norm, eps, h, s)
+            gemm(h, lw.w_gate_up, self.gu[:T])
+            L.launch_swiglu(self.gu[:T], self.act16[:T], s)
+            gemm(self.act16[:T], lw.w_down, x, accumulate=True)
+        if all_logits:
+            if self.logits_all is None:
+                self.logits_all = cuda.device_array((MAX_CHUNK, a.vocab_size), np.float32)
+            rows, out = x, self.logits_all[:T]
+        else:
+            rows, out = x[T - 1:T], self.logits
+        L.launch_rms_norm(rows, self.norm, eps, h[:rows.shape[0]], s)
+        gemm(h[:rows.shape[0]], self.lm_head, out)
+        return out

@@ -1,0 +1,101 @@
+"""The paged KV cache in GPU memory (the CUDA backend's cache).
+
+Same layout and bookkeeping as the host cache (kv_cache.PagedKVCache: block table, free lists,
+extend / trim, sizes); what differs:
+  - each pool is allocated once, at the capacity the request can use (kv heads x pages of
+    max_tokens), because captured CUDA graphs hold its address; pages are still handed out from
+    the free list as tokens arrive and returned by trim, so the block table is a real indirection;
+  - the block table lives in pinned host memory and is copied to the device (`sync`) after
+    extend / trim changed it; the second-level scales are computed and kept on the device.
+The backend writes and reads the pages with its kernels; `to_host()` copies everything back into
+a host PagedKVCache (tests, analysis).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv.driver import device_memset
+
+from coldkv.errors import PlanError
+from coldkv.numba_kernels.quant import pool_arrays
+from coldkv.runtime.kv_cache import TWO_LEVEL, PagedKVCache, Pool
+from coldkv.runtime.kv_table import KVTable
+
+
+class DevicePool(Pool):
+    def grow(self, need: int, page_tokens: int, head_dim: int, cap: int) -> None:
+        if len(self.free) < need:  # cannot happen: the pool holds every page the request can use
+            raise PlanError(f"device KV pool ({self.fmt}) is out of pages")
+
+
+class DevicePagedKVCache(PagedKVCache):
+    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int = 64):
+        super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
+        host = self.block_table
+        self.block_table = cuda.pinned_array(host.shape, np.int32)  # [layer, K/V, head, page]
+        self.block_table[:] = host
+        self.table_dev = cuda.to_device(self.block_table)
+        self.gscale_dev = cuda.to_device(self.gscale)  # [layer, K/V, head] f32, written by kernels
+        # [layer, K/V] 1 where the plane's format has a second-level scale to calibrate
+        self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
+        self._dirty = False
+
+    def _new_pool(self, fmt: str) -> DevicePool:
+        cap = self.n_kv_heads * self.max_pages
+        codes, scales = pool_arrays(fmt, 1, self.page_tokens, self.head_dim)  # one page: dtypes, shapes
+        dev = []
+        for a in (codes, scales):
+            d = cuda.device_array((cap,) + a.shape[1:], a.dtype)
+            if d.nbytes:
+                device_memset(d, 0, d.nbytes)
+            dev.append(d)
+        return DevicePool(fmt, dev[0], dev[1], list(range(cap - 1, -1, -1)))
+
+    def extend(self, n: int) -> int:
+        pages_before = -(-self.length // self.page_tokens)
+        pos0 = super().extend(n)
+        self._dirty |= -(-self.length // self.page_tokens) > pages_before
+        return pos0
+
+    def trim(self, n: int) -> None:
+        super().trim(n)
+        self._dirty = True
+
+    def sync(self, stream) -> None:
+        """Enqueue the block table's upload if extend/trim changed it (async: pinned memory; the
+        caller keeps the host table unchanged until the stream has passed this point)."""
+        if self._dirty:
+            self.table_dev.copy_to_device(self.block_table, stream=stream)
+            self._dirty = False
+
+    def write(self, *args, **kwargs):
+        raise TypeError("a device KV cache is written by the CUDA backend's kernels")
+
+    def attend(self, *args, **kwargs):
+        raise TypeError("a device KV cache is read by the CUDA backend's attention kernels")
+
+    def to_host(self) -> PagedKVCache:
+        """A host cache holding a copy of these pages, table and scales."""
+        host = PagedKVCache(self.table, self.n_kv_heads, self.head_dim, self.max_tokens, self.page_tokens)
+        host.length = self.length
+        host.block_table[:] = self.block_table
+        host.gscale[:] = self.gscale_dev.copy_to_host()
+        host.calibrated[:] = self.calibrated
+        for pools, dev in zip(host.pools, self.pools):
+            for pool, d in zip(pools, dev):
+                pool.codes, pool.scales = d.codes.copy_to_host(), d.scales.copy_to_host()
+        return host
+
+    def dense(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.to_host().dense(layer)
+
+
+def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> int:
+    """Bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity + its table)."""
+    max_pages = -(-max_tokens // page_tokens)
+    total = 0
+    for kv in table.layers:
+        for f in kv:
+            codes, scales = pool_arrays(f, 1, page_tokens, head_dim)
+            total += (codes.nbytes + scales.nbytes) * n_kv_heads * max_pages
+    return total + table.n_layers * 2 * n_kv_heads * max_pages * 4

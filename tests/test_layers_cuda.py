@@ -1,0 +1,105 @@
+"""The CUDA forward-pass kernels (numba_kernels/layers.py) against their numpy references.
+
+Runs on the GPU when there is one, else in Numba's CUDA simulator (small shapes)."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from coldkv.numba_kernels import layers as L
+from coldkv.numba_kernels.fp import global_scale_for
+from coldkv.numba_kernels.quant import FORMAT_IDS, append_cpu, pool_arrays, ref_bf16_decode, ref_bf16_encode
+
+S = cuda.default_stream()
+rng = np.random.default_rng(0)
+
+
+def _bf16_close(got_bits, ref_bits):
+    """Within one bf16 rounding step: the kernel sums in float32, the reference in float64, so a
+    value on a rounding boundary may go either way; everything else must be identical."""
+    got, ref = ref_bf16_decode(got_bits), ref_bf16_decode(ref_bits)
+    assert np.all(np.abs(got - ref) <= np.abs(ref) * 2.0**-7 + 1e-30)
+    assert np.mean(got_bits == ref_bits) > 0.97
+
+
+def test_embed_exact():
+    table = rng.integers(0, 2**16, (50, 96)).astype(np.uint16)
+    table[(table & 0x7F80) == 0x7F80] = 0  # no NaN/inf bit patterns
+    tokens = np.array([3, 49, 0, 3], np.int32)
+    x = cuda.device_array((4, 96), np.float32)
+    L.launch_embed(cuda.to_device(tokens), cuda.to_device(table), x, S)
+    np.testing.assert_array_equal(x.copy_to_host(), L.embed_ref(tokens, table))
+
+
+def test_rms_norm():
+    x = (rng.standard_normal((5, 200)) * 3).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(200)).astype(np.float32)
+    out = cuda.device_array((5, 200), np.uint16)
+    L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S)
+    _bf16_close(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6))
+
+
+def test_swiglu_and_to_bf16():
+    gu = (rng.standard_normal((3, 2 * 40)) * 4).astype(np.float32)
+    out = cuda.device_array((3, 40), np.uint16)
+    L.launch_swiglu(cuda.to_device(gu), out, S)
+    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    x = rng.standard_normal(300).astype(np.float32)
+    out = cuda.device_array(300, np.uint16)
+    L.launch_to_bf16(cuda.to_device(x), out, S)
+    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+    y = rng.standard_normal((2, 30)).astype(np.float32)
+    b = rng.standard_normal(30).astype(np.float32)
+    dy = cuda.to_device(y)
+    L.launch_add_bias(dy, cuda.to_device(b), S)
+    np.testing.assert_array_equal(dy.copy_to_host(), y + b)
+
+
+def _rope_tables(n, D):
+    from coldkv.runtime.config import RopeArgs
+    from coldkv.runtime.rope import Rope
+
+    return Rope(RopeArgs(), D).cos_sin(np.arange(n))
+
+
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias", [("nvfp4", "int8", True, False), ("iso3", "bf16", False, True)])
+def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias):
+    """q/k/v after bias, norm and RoPE match the float64 reference; the pages written by the fused
+    path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V."""
+    T, Hq, H, D, P, pos0 = 3, 4, 2, 64, 4, 6
+    qkv = rng.standard_normal((T, (Hq + 2 * H) * D)).astype(np.float32)
+    b = rng.standard_normal(qkv.shape[1]).astype(np.float32) if bias else np.zeros(0, np.float32)
+    qn, kn = ((1 + 0.1 * rng.standard_normal((2, D))).astype(np.float32) if qk_norm
+              else (np.zeros(0, np.float32),) * 2)
+    cos, sin = _rope_tables(16, D)
+    table = np.full((2, H, 4), -1, np.int32)
+    for plane in range(2):  # positions 4..11 (pages 1, 2 of the sequence) -> random pool pages
+        table[plane, :, 1:3] = rng.permutation(2 * H).reshape(H, 2)
+    gscale = np.array([[global_scale_for(5.0), global_scale_for(7.0)]] * 2, np.float32)
+    pools = [pool_arrays(f, 2 * H, P, D) for f in (k_fmt, v_fmt)]
+    dev = lambda a: cuda.to_device(a)  # noqa: E731
+    args = [dev(qkv), dev(b), dev(qn), dev(kn), dev(cos), dev(sin), dev(np.array([pos0], np.int32)), 1e-6]
+    q = cuda.device_array((T, Hq, D), np.float32)
+    kv = cuda.to_device(np.zeros((2, T, H, D), np.float32))
+    dpools = [(FORMAT_IDS[f], dev(table[i]), dev(c), dev(s)) for i, (f, (c, s)) in enumerate(zip((k_fmt, v_fmt), pools))]
+    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), False, S)  # fp32 K/V out
+    kv_h = kv.copy_to_host()
+    rq, rk, rv = L.qkv_post_ref(qkv, b if bias else None, qn if qk_norm else None, kn if qk_norm else None,
+                                cos, sin, pos0, 1e-6, Hq, H)
+    for got, ref in ((q.copy_to_host(), rq), (kv_h[0], rk), (kv_h[1], rv)):
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), True, S)  # quantized into pages
+    for plane, (f, (codes, scales)) in enumerate(zip((k_fmt, v_fmt), pools)):
+        append_cpu(FORMAT_IDS[f], kv_h[plane], pos0, table[plane], codes, scales, gscale[plane])
+        np.testing.assert_array_equal(dpools[plane][2].copy_to_host(), codes)
+        np.testing.assert_array_equal(dpools[plane][3].copy_to_host(), scales)
+
+
+def test_kv_gscale_matches_host_calibration():
+    kv = (rng.standard_normal((2, 5, 3, 64)) * np.array([1, 4, 0.01])[:, None]).astype(np.float32)
+    T = 4  # a longer scratch than the chunk: rows past T must be ignored
+    kv[:, T:] = 1e6
+    g = cuda.to_device(np.zeros((2, 3), np.float32))
+    L.launch_kv_gscale(cuda.to_device(kv), T, cuda.to_device(np.array([1, 0], np.int32)), g, S)
+    want = np.ones((2, 3), np.float32)
+    want[0] = [global_scale_for(4.0 * float(np.abs(kv[0, :T, h]).max())) for h in range(3)]
+    np.testing.assert_array_equal(g.copy_to_host(), want)
