@@ -167,6 +167,52 @@ def test_many_splits_share_a_workspace():
         check(got, ref, ref32)
 
 
+def _devpos_cases(kf, vf, G, D, L, H, P, positions, plan_len, ws, seed):
+    """For each position: (device-position output, int-position output, reference, ref32), the
+    query at `pos` seeing keys 0..pos of one cache, all launches planned for `plan_len`."""
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, seed)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    Hq, sm = G * H, 1 / math.sqrt(D)
+    q = np.random.default_rng(seed + 1).standard_normal((1, Hq, D)).astype(np.float32)
+    qd = cuda.to_device(q)
+    pos_dev = cuda.to_device(np.zeros(1, np.int32))
+    out = []
+    for pos in positions:
+        pos_dev.copy_to_device(np.array([pos], np.int32))
+        got = []
+        for p in (pos_dev, pos):
+            o = cuda.to_device(np.full((1, Hq, D), np.nan, np.float32))
+            A.paged_attention_cuda(qd, o, p, sm, kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4], dev[5], ws,
+                                   plan_len=plan_len)
+            got.append(o.copy_to_host())
+        ref = attention_reference(q, kd[: pos + 1], vd[: pos + 1], pos, sm)
+        out.append((got[0], got[1], ref, dense_attention_f32(q, kd[: pos + 1], vd[: pos + 1], pos, sm)))
+    return out
+
+
+def test_device_position_mode():
+    """pos0 as an int32[1] device array (CUDA-graph mode): one plan_len, several positions, the
+    same result as an int position and the reference; splits past the end are empty partials."""
+    ws = A.AttentionWorkspace(8, 1, 2, 64)  # 2 blocks = 8 splits, most empty at short positions
+    for dgot, igot, ref, ref32 in _devpos_cases(Q.NVFP4, Q.INT8, 2, 64, 40, 1, 8, [5, 39], 64, ws, 7):
+        np.testing.assert_array_equal(dgot, igot)  # same splits, same arithmetic
+        check(dgot, ref, ref32)
+
+
+def test_device_position_arguments():
+    ws = A.AttentionWorkspace(8, 1, 1, 64)
+    q = cuda.to_device(np.zeros((1, 1, 64), np.float32))
+    args = (0.125, Q.BF16, *Q.pool_arrays("bf16", 1, 8, 64), Q.BF16, *Q.pool_arrays("bf16", 1, 8, 64),
+            np.ones((2, 1), np.float32), np.zeros((2, 1, 1), np.int32), ws)
+    with pytest.raises(ValueError, match="plan_len"):  # the host cannot know the length
+        A.paged_attention_cuda(q, q, cuda.to_device(np.zeros(1, np.int32)), *args)
+    with pytest.raises(ValueError, match="int32"):
+        A.paged_attention_cuda(q, q, cuda.to_device(np.zeros(1, np.int64)), *args, plan_len=8)
+    with pytest.raises(ValueError, match="plan_len"):
+        A.paged_attention_cuda(q, q, 7, *args, plan_len=4)
+
+
 def test_plan_splits():
     ppw, nblk = A.plan_splits(1, 8, 131072, 64, 132, 4096)
     assert ppw * nblk * A.NWARPS >= 2048 and nblk * 8 * A.NWARPS >= 132 * 8
@@ -261,3 +307,56 @@ def test_gpu_decode_vs_sdpa_long():
     check(got, ref, dense_attention_f32(q, kd, vd, L - 1, sm))
     sd = _sdpa(q, kd, vd, L - 1, sm)
     assert np.abs(got - sd).max() < 5e-3
+
+
+@pytest.mark.gpu
+def test_gpu_device_position_mode():
+    ws = A.AttentionWorkspace(4096, 1, 32, 128)
+    for dgot, igot, ref, ref32 in _devpos_cases(Q.NVFP4, Q.NVFP4, 4, 128, 30000, 8, 64,
+                                                [0, 63, 64, 4999, 29999], 131072, ws, 11):
+        np.testing.assert_array_equal(dgot, igot)
+        check(dgot, ref, ref32)
+
+
+@pytest.mark.gpu
+def test_gpu_device_position_cuda_graph():
+    """Captured once as a CUDA graph (arguments frozen), replayed at several positions."""
+    from cuda.bindings import driver as cu
+
+    def ok(res):
+        assert res[0] == cu.CUresult.CUDA_SUCCESS, res[0]
+        return res[1] if len(res) > 1 else None
+
+    G, H, D, L, P = 4, 2, 128, 5000, 64
+    pools, table, gscale, kd, vd = make_cache(Q.INT8, Q.NVFP4, L, H, D, P, 12)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    q = np.random.default_rng(13).standard_normal((1, G * H, D)).astype(np.float32)
+    qd, out = cuda.to_device(q), cuda.device_array((1, G * H, D), np.float32)
+    pos_dev = cuda.to_device(np.array([L - 1], np.int32))
+    ws = A.AttentionWorkspace(1024, 1, G * H, D)
+    stream = cuda.stream()
+    sm = 1 / math.sqrt(D)
+
+    def launch():
+        A.paged_attention_cuda(qd, out, pos_dev, sm, Q.INT8, dev[0], dev[1], Q.NVFP4, dev[2], dev[3], dev[4],
+                               dev[5], ws, stream=stream, plan_len=8192)
+
+    launch()  # compile and load outside the capture
+    stream.synchronize()
+    s = cu.CUstream(int(stream.handle))
+    ok(cu.cuStreamBeginCapture(s, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+    launch()
+    graph = ok(cu.cuStreamEndCapture(s))
+    gexec = ok(cu.cuGraphInstantiate(graph, 0))
+    try:
+        for pos in (L - 1, 100, 2047, 0):
+            pos_dev.copy_to_device(np.array([pos], np.int32))
+            out.copy_to_device(np.full((1, G * H, D), np.nan, np.float32))
+            ok(cu.cuGraphLaunch(gexec, s))
+            stream.synchronize()
+            ref = attention_reference(q, kd[: pos + 1], vd[: pos + 1], pos, sm)
+            check(out.copy_to_host(), ref, dense_attention_f32(q, kd[: pos + 1], vd[: pos + 1], pos, sm))
+    finally:
+        cu.cuGraphExecDestroy(gexec)
+        cu.cuGraphDestroy(graph)

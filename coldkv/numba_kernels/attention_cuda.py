@@ -102,8 +102,20 @@ def _table16(fmt):
     return _ISO3_TAB if fmt == ISO3 else _E2M1_TAB
 
 
-def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
-    """The attention kernel for K format kf, V format vf, G q heads per kv head, head_dim D."""
+@cuda.jit(device=True, inline=True)
+def _pos_int(pos):
+    return pos
+
+
+@cuda.jit(device=True, inline=True)
+def _pos_dev(pos):
+    return pos[0]
+
+
+def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
+    """The attention kernel for K format kf, V format vf, G q heads per kv head, head_dim D;
+    `devpos`: the position argument is an int32[1] device array instead of an int."""
+    _read_pos = _pos_dev if devpos else _pos_int
     (EK, LPT_K, WK, VPWK), (EV, LPT_V, WV, VPWV), CH = chunk_layout(kf, G=G, D=D, vf=vf)
     TPW_K, TPW_V = 32 // LPT_K, 32 // LPT_V
     NSK, NSV = CH // TPW_K, CH // TPW_V  # lane steps per chunk
@@ -131,11 +143,14 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
             pass
 
     @jit
-    def attn_kernel(q, pos0, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ppw,
+    def attn_kernel(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table,
                     ws_acc, ws_ml):
+        # pos: position of query 0, an int or (device-position mode) an int32[1] device array read
+        # here, so a captured CUDA graph serves every decode position.
         # k_words/v_words: the pools' codes as flat uint32 words, row r of page pg at (pg * P + r) * RW;
         # k_scales/v_scales: the pools' scales, flat (uint8 E4M3 bytes or float32 int8 row scales).
         # Global indices are cast to uint64 so numba emits no negative-index wraparound code.
+        pos0 = _read_pos(pos)
         t = cuda.blockIdx.x
         blk = cuda.blockIdx.y
         h = cuda.blockIdx.z
@@ -161,6 +176,11 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None):
 
         L = pos0 + t + 1  # keys this query sees
         npages = (L + P - 1) // P
+        # pages per split from the launch's length (pos0 + T) and grid: the host planned the grid
+        # for some maximum length, the device position may be anything; splits past the end
+        # write an empty partial (m = -inf, l = 0) that the reduction skips.
+        nsplit = cuda.gridDim.y * NWARPS
+        ppw = ((pos0 + cuda.gridDim.x + P - 1) // P + nsplit - 1) // nsplit
         p_begin = split * ppw
         p_end = min(p_begin + ppw, npages)
 
@@ -449,8 +469,8 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
 _KERNELS: dict = {}
 
 
-def get_kernel(kf: int, vf: int, G: int, D: int, max_registers=None):
-    key = (int(kf), int(vf), int(G), int(D), max_registers)
+def get_kernel(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
+    key = (int(kf), int(vf), int(G), int(D), max_registers, bool(devpos))
     if key not in _KERNELS:
         if kf not in SUPPORTED_FORMATS or vf not in SUPPORTED_FORMATS:
             raise ValueError(f"attention_cuda: hot formats are bf16/int8/nvfp4/iso3, got K={kf} V={vf}")
@@ -520,29 +540,47 @@ def _cold_in_range(table, n_pages: int) -> bool:
 
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
-                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None):
+                         gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
+                         plan_len=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
-    Enqueues two kernels on `stream`; no device allocation."""
+    Enqueues two kernels on `stream`; no device allocation.
+
+    pos0: an int, or an int32 device array of shape [1] holding it (device-position mode, for
+    CUDA graphs: the kernel reads the position when it runs, so one captured launch serves every
+    decode step). In that mode the host never reads the position (no sync, no allocation, no
+    cold-page check) and `plan_len` is required: the largest pos0 + T the launch will see (e.g.
+    the cache's token capacity); the split grid is planned for it and each split takes its share
+    of the pages of the actual length. With an int, `plan_len` (optional, >= pos0 + T) does the
+    same planning; by default the grid is planned for pos0 + T."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
     P = k_codes.shape[1]
     if T > ws.max_T or Hq != ws.Hq or D != ws.D:
         raise ValueError(f"attention workspace is for T<={ws.max_T}, Hq={ws.Hq}, D={ws.D}; got {T}, {Hq}, {D}")
+    devpos = not isinstance(pos0, (int, np.integer))
+    if devpos:
+        if plan_len is None:
+            raise ValueError("attention_cuda: a device position (int32[1] array) needs plan_len=")
+        if tuple(pos0.shape) != (1,) or pos0.dtype != np.int32:
+            raise ValueError(f"attention_cuda: device position must be int32[1], got {pos0.dtype}{tuple(pos0.shape)}")
     if T == 0:
         return out
-    L_max = pos0 + T
-    if check_cold and isinstance(table, np.ndarray) and _cold_in_range(table, -(-L_max // P)):
-        raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
-    ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
+    L_max = int(plan_len) if plan_len is not None else int(pos0) + T
+    if not devpos:
+        if L_max < int(pos0) + T:
+            raise ValueError(f"attention_cuda: plan_len {L_max} < pos0 + T = {int(pos0) + T}")
+        if check_cold and isinstance(table, np.ndarray) and _cold_in_range(table, -(-(int(pos0) + T) // P)):
+            raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
+    _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
     splits = nblk * NWARPS
     ws_acc, ws_ml = ws.views(splits, T)
-    kern = get_kernel(k_fmt, v_fmt, G, D, max_registers)
+    kern = get_kernel(k_fmt, v_fmt, G, D, max_registers, devpos)
     qscale = np.float32(sm_scale * _LOG2E)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), _flat(k_scales),
-                                        _flat(v_codes, np.uint32), _flat(v_scales), gscale, table, ppw,
+                                        _flat(v_codes, np.uint32), _flat(v_scales), gscale, table,
                                         ws_acc, ws_ml)
     _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
     return out
@@ -552,9 +590,10 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 _SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint8", ISO3: "uint8"}
 
 
-def _kernel_sig(kf, vf):
-    return (f"void(float32[:,:,::1], int64, float32, int64, uint32[::1], {_SCALE_T[kf]}[::1], "
-            f"uint32[::1], {_SCALE_T[vf]}[::1], float32[:,::1], int32[:,:,::1], int64, "
+def _kernel_sig(kf, vf, devpos=False):
+    pos = "int32[::1]" if devpos else "int64"
+    return (f"void(float32[:,:,::1], {pos}, float32, int64, uint32[::1], {_SCALE_T[kf]}[::1], "
+            f"uint32[::1], {_SCALE_T[vf]}[::1], float32[:,::1], int32[:,:,::1], "
             "float32[:,:,:,::1], float32[:,:,:,::1])")
 
 
@@ -566,6 +605,7 @@ def _ptx_signatures():
     for kf, vf, G, D in [(NVFP4, NVFP4, 1, 64), (BF16, INT8, 6, 256), (INT8, ISO3, 8, 128),
                          (NVFP4, BF16, 6, 64)]:  # other lane layouts
         out.append((get_kernel(kf, vf, G, D), _kernel_sig(kf, vf)))
+    out.append((get_kernel(NVFP4, NVFP4, 4, 128, devpos=True), _kernel_sig(NVFP4, NVFP4, True)))
     return out
 
 
