@@ -13,7 +13,8 @@ and repeated to the length. For each prompt length and KV table:
   HF      bf16 weights, attn_implementation="sdpa", greedy `generate`; prefill = one forward
           of the prompt (use_cache=True), decode rate = (new - 1) / (time(generate new) -
           time(generate 1)). CUDA-synchronized wall clock, median of --repeats.
-Ratios are what to read: both ran in this process on the same GPU.
+Ratios are what to read: both ran in this process on the same GPU. `decode_launch_overhead`:
+ms per decode step at 512 tokens with every kernel launched from Python vs a replayed CUDA graph.
 """
 from __future__ import annotations
 
@@ -91,6 +92,21 @@ def time_hf(model, torch, ids, new, repeats):
     return len(ids) / prefill, (new - 1) / (gn - g1)
 
 
+def launch_overhead(model: Path, new: int) -> dict:
+    """ms per decode step at a short context (512 prompt tokens, bf16 KV): the same steps launched
+    one by one from Python vs replayed from a captured CUDA graph."""
+    out = {"prompt_tokens": 512, "new_tokens": new, "kv_table": "bf16"}
+    for graphs in (False, True):
+        backend = CUDABackend(model, graphs=graphs)
+        tok = Tokenizer.from_dir(model)
+        table = resolve_table("bf16", backend.args.num_hidden_layers)
+        ids = prompt_ids(tok, 512)
+        time_coldkv(backend, tok, ids, table, 8)  # compile
+        _, dec = time_coldkv(backend, tok, ids, table, new)
+        out["graph_ms_per_token" if graphs else "eager_ms_per_token"] = round(1000 / dec, 3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=coldkv.DEFAULT_MODEL)
@@ -105,6 +121,8 @@ def main() -> None:
     import transformers
 
     results = []
+    graph_ab = launch_overhead(a.model, a.new)
+    print(json.dumps(graph_ab), flush=True)
     tmp = Path(tempfile.mkdtemp())
     try:
         for n in [int(x) for x in a.prompts.split(",")]:
@@ -141,6 +159,7 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__,
                      "numba_cuda": __import__("importlib.metadata").metadata.version("numba-cuda")},
+        "decode_launch_overhead": graph_ab,
         "results": results,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
