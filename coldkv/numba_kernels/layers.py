@@ -26,8 +26,10 @@ from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for
 from coldkv.numba_kernels.quant import _chunk, abs_or_inf, quantize_chunk, ref_bf16_decode, ref_bf16_encode
 
 ROW_THREADS = 128  # one block per row for the row kernels
+ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain constants)
 WARPS = 4  # warps per block of the per-(token, head) kernel
-MAX_HEAD_DIM = 256  # values per lane <= 8
+MAX_HEAD_DIM = 256
+MAX_VPL = 8  # values per lane of a head row = MAX_HEAD_DIM // 32
 GSCALE_HEADROOM = np.float32(4.0)  # the same headroom as the CPU cache (kv_cache.GSCALE_HEADROOM)
 
 
@@ -78,7 +80,7 @@ def embed_kernel(tokens, table, x):
         x[t, c] = bf16_dec(table[tok, c])
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True)
 def _warp_sum(v):
     for m in (16, 8, 4, 2, 1):
         v += cuda.shfl_xor_sync(0xFFFFFFFF, v, m)
@@ -91,7 +93,7 @@ def rms_norm_kernel(x, w, eps, out):
     row = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     n = x.shape[1]
-    part = cuda.shared.array(ROW_THREADS // 32, np.float32)
+    part = cuda.shared.array(ROW_WARPS, np.float32)
     ss = np.float32(0.0)
     for c in range(tid, n, ROW_THREADS):
         v = x[row, c]
@@ -101,14 +103,14 @@ def rms_norm_kernel(x, w, eps, out):
         part[tid // 32] = ss
     cuda.syncthreads()
     total = np.float32(0.0)
-    for i in range(ROW_THREADS // 32):
+    for i in range(ROW_WARPS):
         total += part[i]
     inv = np.float32(1.0) / math.sqrt(total / np.float32(n) + np.float32(eps))
     for c in range(tid, n, ROW_THREADS):
         out[row, c] = bf16_enc(x[row, c] * inv * w[c])
 
 
-@cuda.jit(device=True, inline=True)
+@cuda.jit(device=True)
 def _quantize_row(fmt, src, D, g, table, h, p, codes, scales, lane):
     """Append one fp32 row (shared memory) at position p of kv head h: lanes split it into the
     format's groups and run the same scalar core as the CPU kernel (quant.quantize_chunk)."""
@@ -116,7 +118,7 @@ def _quantize_row(fmt, src, D, g, table, h, p, codes, scales, lane):
     page = table[h, p // P]
     if page < 0:  # the host maps every position before the launch; a kernel cannot raise
         return
-    n = _chunk(fmt, D) if fmt != 0 else 16
+    n = _chunk(fmt, D)  # a group (16 / 64), the int8 row, or 16 bf16 values
     for c0 in range(lane * n, D, 32 * n):
         quantize_chunk(fmt, src, c0, n, g, codes, scales, page, p % P, c0)
 
@@ -146,9 +148,9 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
     t = warp // S
     s = warp % S
     nv = D // 32
-    vals = cuda.local.array(MAX_HEAD_DIM // 32, np.float32)
+    vals = cuda.local.array(MAX_VPL, np.float32)
     has_bias = bias.shape[0] > 0
-    for j in range(MAX_HEAD_DIM // 32):
+    for j in range(MAX_VPL):
         if j < nv:
             c = s * D + lane + 32 * j
             v = qkv[t, c]
@@ -159,16 +161,16 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
     if s < Hq + H:
         if q_norm.shape[0] > 0:
             ss = np.float32(0.0)
-            for j in range(MAX_HEAD_DIM // 32):
+            for j in range(MAX_VPL):
                 if j < nv:
                     ss += vals[j] * vals[j]
             inv = np.float32(1.0) / math.sqrt(_warp_sum(ss) / np.float32(D) + np.float32(eps))
-            for j in range(MAX_HEAD_DIM // 32):
+            for j in range(MAX_VPL):
                 if j < nv:
                     c = lane + 32 * j
                     vals[j] = vals[j] * inv * (q_norm[c] if s < Hq else k_norm[c])
         half = nv // 2
-        for j in range(MAX_HEAD_DIM // 64):
+        for j in range(MAX_VPL // 2):
             if j < half:
                 c = lane + 32 * j
                 co = cos[p, c]
@@ -178,19 +180,19 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
                 vals[j] = x1 * co - x2 * si
                 vals[j + half] = x2 * co + x1 * si
     if s < Hq:
-        for j in range(MAX_HEAD_DIM // 32):
+        for j in range(MAX_VPL):
             if j < nv:
                 q_out[t, s, lane + 32 * j] = vals[j]
         return
     plane = 0 if s < Hq + H else 1
     h = (s - Hq) % H
     if write_pages == 0:
-        for j in range(MAX_HEAD_DIM // 32):
+        for j in range(MAX_VPL):
             if j < nv:
                 kv_out[plane, t, h, lane + 32 * j] = vals[j]
         return
     src = row[wib]
-    for j in range(MAX_HEAD_DIM // 32):
+    for j in range(MAX_VPL):
         if j < nv:
             src[lane + 32 * j] = vals[j]
     cuda.syncwarp()
@@ -209,7 +211,7 @@ def kv_gscale_kernel(kv, T, two_level, gscale):
     h = cuda.blockIdx.x % kv.shape[2]
     tid = cuda.threadIdx.x
     D = kv.shape[3]
-    part = cuda.shared.array(ROW_THREADS // 32, np.float32)
+    part = cuda.shared.array(ROW_WARPS, np.float32)
     m = np.float32(0.0)
     for i in range(tid, T * D, ROW_THREADS):
         m = max(m, abs_or_inf(kv[plane, i // D, h, i % D]))
@@ -219,7 +221,7 @@ def kv_gscale_kernel(kv, T, two_level, gscale):
         part[tid // 32] = m
     cuda.syncthreads()
     if tid == 0:
-        for i in range(ROW_THREADS // 32):
+        for i in range(ROW_WARPS):
             m = max(m, part[i])
         gscale[plane, h] = global_scale_for(GSCALE_HEADROOM * m) if two_level[plane] else np.float32(1.0)
 
@@ -289,3 +291,27 @@ def launch_to_bf16(x, out, stream):
 
 def launch_add_bias(y, b, stream):
     add_bias_kernel[_blocks(y.size), 256, stream](y, b)
+
+
+# ==================================================================================== PTX check
+def _sigs():
+    out = [
+        (embed_kernel, "void(int32[::1], uint16[:,::1], float32[:,::1])"),
+        (rms_norm_kernel, "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
+        (kv_gscale_kernel, "void(float32[:,:,:,::1], int64, int32[::1], float32[:,::1])"),
+        (swiglu_kernel, "void(float32[:,::1], uint16[:,::1])"),
+        (to_bf16_kernel, "void(float32[::1], uint16[::1])"),
+        (add_bias_kernel, "void(float32[:,::1], float32[::1])"),
+    ]
+    pools = {"bf16": "uint16[:,:,::1], uint8[:,:,::1]", "int8": "int8[:,:,::1], float32[:,:,::1]",
+             "nvfp4": "uint8[:,:,::1], uint8[:,:,::1]"}
+    for k, v in (("nvfp4", "int8"), ("bf16", "nvfp4"), ("int8", "bf16")):
+        out.append((qkv_rope_append_kernel,
+                    "void(float32[:,::1], float32[::1], float32[::1], float32[::1], float32[:,::1], "
+                    "float32[:,::1], int32[::1], float32, float32[:,:,::1], float32[:,:,:,::1], "
+                    f"int64, int32[:,::1], {pools[k]}, int64, int32[:,::1], {pools[v]}, "
+                    "float32[:,::1], int64)"))
+    return out
+
+
+PTX_SIGNATURES = _sigs()
