@@ -141,8 +141,9 @@ def test_device_cache_pages_match_cpu_codec(bundled):
         gpu.forward(np.array(seq), gc)
         for layer in (0, cpu.args.num_hidden_layers - 1):
             for x, y in zip(cc.dense(layer), gc.dense(layer)):
-                rel = np.abs(x - y).max() / np.abs(x).max()
-                assert rel < {"bf16": 0.02, "int8": 0.04, "nvfp4": 0.2}[name], (name, layer, rel)
+                # relative RMS: a value near a code boundary may take the other code (one step)
+                rel = np.linalg.norm(x - y) / np.linalg.norm(x)
+                assert rel < {"bf16": 0.01, "int8": 0.02, "nvfp4": 0.1}[name], (name, layer, rel)
 
 
 def test_hf_transformers_greedy_on_cuda(bundled):

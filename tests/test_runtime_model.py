@@ -321,9 +321,9 @@ def test_device_selection(monkeypatch):
     from coldkv.errors import DeviceError
 
     monkeypatch.setattr(backend_mod, "cuda_present", lambda: True)
-    monkeypatch.setattr(backend_mod.importlib.util, "find_spec", lambda name: None)  # no CuPy
+    monkeypatch.setattr(backend_mod.importlib.util, "find_spec", lambda name: None)  # no nvmath-python
     name, note = backend_mod.select_device("auto")
-    assert name == "cpu" and "CuPy" in note
+    assert name == "cpu" and "nvmath-python" in note
     assert backend_mod.select_device("cuda") == ("cuda", None)
     monkeypatch.setattr(backend_mod.importlib.util, "find_spec", lambda name: object())
     assert backend_mod.select_device("auto") == ("cuda", None)

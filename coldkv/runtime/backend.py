@@ -61,8 +61,8 @@ def select_device(device: str) -> tuple[str, str | None]:
         return "cuda", None
     if not present:
         return "cpu", None
-    if importlib.util.find_spec("cupy") is None:
-        return "cpu", ("a CUDA GPU is present but CuPy (the cuBLAS binding) is not installed: "
+    if importlib.util.find_spec("nvmath") is None:
+        return "cpu", ("a CUDA GPU is present but nvmath-python (the cuBLAS binding) is not installed: "
                        "pip install 'coldkv[cuda]'; running on the CPU")
     return "cuda", None
 
@@ -91,7 +91,7 @@ def cpu_summary() -> str:
 
 
 def gpu_summary() -> str:
-    """The GPU the CUDA backend would use, its free memory, and whether CuPy (cuBLAS) is there."""
+    """The GPU the CUDA backend would use, its free memory, and whether nvmath-python (cuBLAS) is there."""
     from numba import cuda
 
     try:
@@ -101,8 +101,8 @@ def gpu_summary() -> str:
         text = f"{name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
     except Exception as exc:  # a driver that loads but cannot make a context
         return f"present but unusable ({exc})"
-    if importlib.util.find_spec("cupy") is None:
-        text += "; CuPy not installed (pip install 'coldkv[cuda]'), so generate runs on the CPU"
+    if importlib.util.find_spec("nvmath") is None:
+        text += "; nvmath-python not installed (pip install 'coldkv[cuda]'), so generate runs on the CPU"
     return text
 
 

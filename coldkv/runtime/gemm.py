@@ -1,10 +1,11 @@
-"""GEMMs of the CUDA backend through cuBLAS, called via CuPy's low-level binding.
+"""GEMMs of the CUDA backend through cuBLAS, called via nvmath-python's low-level binding.
 
-Why CuPy (docs/runtime.md): it is maintained, it is already on typical CUDA Python installs (and on
-our H200 image), and `cupy_backends.cuda.libs.cublas.gemmEx` takes raw device pointers and a
-stream, so Numba device arrays go in without a copy or a wrapper object, and the calls can be
-captured into a CUDA graph with the Numba kernels around them. nvmath-python would do too but is
-one more large dependency; torch would bring its own allocator and stream semantics.
+Why nvmath-python (docs/runtime.md): NVIDIA maintains it as the Python binding of the CUDA math
+libraries; `nvmath.bindings.cublas` is a thin Cython layer that takes raw device pointers and a
+stream, so Numba device arrays go in without a copy or a wrapper object, and its calls can be
+captured into a CUDA graph with the Numba kernels around them. CuPy was the first choice, but its
+binding refuses any cuBLAS call on a capturing stream (NotImplementedError, seen on the H200 with
+CuPy 14.2); torch would bring its own allocator and stream semantics.
 
 All products here are y[T, N] (f32) = x[T, K] (bf16) @ w[N, K]^T (bf16) (+ y when accumulate),
 fp32 accumulation: the nn.Linear layout of HF checkpoints, row-major, read by cuBLAS as
@@ -13,6 +14,7 @@ column-major transposes (y^T = w . x^T).
 from __future__ import annotations
 
 import numpy as np
+from numba import cuda
 
 from coldkv.errors import DeviceError
 
@@ -21,6 +23,7 @@ _OP_N, _OP_T = 0, 1
 _R_32F, _R_16BF = 0, 14
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
+WORKSPACE_BYTES = 32 << 20  # set explicitly: captured GEMMs must not allocate
 
 
 def device_ptr(a) -> int:
@@ -32,16 +35,17 @@ class CublasGemm:
 
     def __init__(self, stream):
         try:
-            import cupy
-            from cupy_backends.cuda.libs import cublas
+            from nvmath.bindings import cublas
         except ImportError as exc:
             raise DeviceError(
-                "the CUDA backend calls cuBLAS through CuPy, which is not installed: "
-                "pip install 'coldkv[cuda]' (or cupy-cuda12x for a CUDA 12 driver)"
+                "the CUDA backend calls cuBLAS through nvmath-python, which is not installed: "
+                "pip install 'coldkv[cuda]'"
             ) from exc
         self._cublas = cublas
-        self._stream = cupy.cuda.ExternalStream(int(stream.handle))
-        self._handle = cupy.cuda.device.get_cublas_handle()
+        self._handle = cublas.create()
+        cublas.set_stream(self._handle, int(stream.handle))  # resets the workspace: set it after
+        self._workspace = cuda.device_array(WORKSPACE_BYTES, np.uint8)
+        cublas.set_workspace(self._handle, device_ptr(self._workspace), WORKSPACE_BYTES)
         self._alpha = np.ones(1, np.float32)  # host scalars (cuBLAS' default pointer mode)
         self._beta = {False: np.zeros(1, np.float32), True: np.ones(1, np.float32)}
 
@@ -50,10 +54,15 @@ class CublasGemm:
         N = w.shape[0]
         if w.shape[1] != K or y.shape != (T, N):
             raise ValueError(f"gemm shapes: x {x.shape}, w {w.shape}, y {y.shape}")
-        with self._stream:  # CuPy binds its current stream to the handle on each call
-            self._cublas.gemmEx(
-                self._handle, _OP_T, _OP_N, N, T, K,
-                self._alpha.ctypes.data, device_ptr(w), _R_16BF, K,
-                device_ptr(x), _R_16BF, K,
-                self._beta[accumulate].ctypes.data, device_ptr(y), _R_32F, N,
-                _COMPUTE_32F, _GEMM_DEFAULT)
+        self._cublas.gemm_ex(
+            self._handle, _OP_T, _OP_N, N, T, K,
+            self._alpha.ctypes.data, device_ptr(w), _R_16BF, K,
+            device_ptr(x), _R_16BF, K,
+            self._beta[accumulate].ctypes.data, device_ptr(y), _R_32F, N,
+            _COMPUTE_32F, _GEMM_DEFAULT)
+
+    def __del__(self):
+        try:
+            self._cublas.destroy(self._handle)
+        except Exception:  # interpreter shutdown
+            pass
