@@ -5,6 +5,7 @@ compare the device with the reference bit for bit on large shapes.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from numba import cuda, njit
@@ -346,3 +347,44 @@ def test_requant_cuda_unusual_source_globals(fmt, gmul):
         np.testing.assert_array_equal(oc[i], c)
         np.testing.assert_array_equal(os_[i], s)
         assert bits(np.float32(og[i])) == bits(np.float32(g2))
+
+
+def _requant_check(fmt, T, H, D, P, seed):
+    x, table, codes, scales, g = setup(fmt, T=T, H=H, D=D, P=P, pos0=0, seed=seed, scale=2.0)
+    x[1, 0, 7] = np.inf  # a poisoned group in page table[0, 0]
+    Q.append_cpu(fmt, x, 0, table, codes, scales, g)
+    pages = table.reshape(-1).astype(np.int32)
+    gs = np.repeat(g, table.shape[1]).astype(np.float32)
+    oc, os_ = Q.pool_arrays("c4g64", pages.size, P, D)
+    og = np.zeros(pages.size, np.float32)
+    Q.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
+    for i in range(pages.size):
+        c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gs[i], D)
+        np.testing.assert_array_equal(oc[i], c)
+        np.testing.assert_array_equal(os_[i], s)
+        assert bits(np.float32(og[i])) == bits(np.float32(g2))
+
+
+@pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="patches a constant the GPU compiles in")
+@pytest.mark.parametrize("fmt", [Q.NVFP4, Q.C4G64])
+def test_requant_cuda_recomputes_group_max_past_keep(fmt, monkeypatch):
+    """Requant from a 4-bit source keeps _RQ_KEEP group maxima per lane from pass 1 and recomputes
+    the rest in pass 2; with _RQ_KEEP = 1 (simulator: globals are read at run time) an 8 x 512
+    page (64 groups, 2 per lane) needs the recompute path."""
+    monkeypatch.setattr(Q, "_RQ_KEEP", 1)
+    _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_requant_large_pages(fmt):
+    """Pages of 256 x 256 values: 32 output groups per lane, more than requant keeps (_RQ_KEEP)."""
+    _requant_check(fmt, T=512, H=2, D=256, P=256, seed=4)
+
+
+def test_launchers_refuse_strided_arrays():
+    """The kernels move rows in 16-byte vectors: a strided last axis must be refused, not misread."""
+    x, table, codes, scales, g = sim_setup(Q.NVFP4)
+    wide = np.repeat(x, 2, axis=2)[:, :, ::2]  # same values, last-axis stride 8 B
+    with pytest.raises(ValueError, match="contiguous"):
+        Q.launch_append(Q.NVFP4, wide, 3, table, codes, scales, g)

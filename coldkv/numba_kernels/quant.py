@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, njit
+from numba import config, cuda, njit
 from numba.extending import register_jitable
 
 from coldkv.numba_kernels.fp import (
@@ -407,26 +407,85 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 
 
 # ================================================================================== CUDA
-# Layout shared by the three kernels (why: the old thread-per-pair kernels were instruction and
-# latency bound, not bandwidth bound; docs/formats.md "Kernel speed" has the numbers):
-#   - warps, not blocks, own the work: a grid-stride loop hands each warp a unit (a 256-value
-#     chunk of x, a page, or a row); no __syncthreads and no block-wide shared reductions.
-#   - 4-bit formats: a lane owns 8 consecutive values = one uint32 of codes (8 nibbles), so a
-#     16-group is a lane pair and a 64-group 8 lanes: the group max is 1 or 3 shfl_xor, the E4M3
-#     scale is computed once per 8 values, and codes move as coalesced 128 B uint32 rows.
-#     fp32 x (append) and fp32 out (dequant) go through a warp-private shared-memory row so that
-#     global loads/stores stay lane-consecutive (coalesced) while a lane works on 8 consecutive
-#     values; the row is padded (slot q + q // 32) so both access orders are bank-conflict free.
-#   - bf16 and int8 (no 16/64 groups) are lane-strided: value c of a row goes to lane c % 32.
+# Layout of the three kernels (why: docs/formats.md "Kernel speed" has the measurements):
+#   - warps, not blocks, own the work: grid-stride loops hand each warp 32 units (append) or a
+#     page (dequant, requant); no __syncthreads, no shared memory. A scale group spread over
+#     several lanes takes its max with shfl_xor.
+#   - Memory moves in 16-byte vectors (_ld4/_st4: ld/st.global.v4): a memory-bound kernel needs
+#     many bytes in flight per thread, and one 4-byte access per thread leaves the H200's copy
+#     bandwidth at ~60% (bench/codecs.py measures both).
+#   - append: a lane owns 16 consecutive values of a row (4 vector loads): one 16-group, a
+#     quarter of a 64-group (2 shuffles), 1/4..1/32 of an int8 row; it writes their codes as one
+#     8 B (4-bit), 16 B (int8) or 2 x 16 B (bf16) store. The E4M3 scale costs once per 16 values.
+#   - dequant: a lane owns 4 consecutive values per step, so the fp32 stores (7/8 of the bytes)
+#     are fully coalesced 16 B vectors; each lane loads all its code words of an iteration first.
 #   - D (head_dim) is a power of two: row/column come from shifts. Heads and page_tokens use
-#     shifts when they are powers of two, else one 32-bit division per unit (not per value).
+#     shifts when they are powers of two, else one division per unit (not per value).
 #   - Same scalar cores as the CPU kernels except the E2M1 encoder (e2m1_enc_bits, bit-identical,
 #     cheaper); float math stays float32 and a multiply never feeds an add (fp.py).
 _WARPS = 4  # warps per block
-_CHUNK = 256  # values per warp step in the 4-bit paths: 8 per lane
-_SROW = _CHUNK + _CHUNK // 32  # padded shared-memory row per warp
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid-stride: ~2 waves of resident warps on an H200 (132 SMs x 64 warps)
+_DQ_STEPS = 4  # dequant: 4-value steps per lane per iteration (loads issued together)
+_RQ_KEEP = 16  # requant: group maxima a lane keeps from pass 1 (P * D <= 32768 for all)
+
+# 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
+# last axis (numba emits one scalar access per element otherwise). The launchers check that the
+# last axis is contiguous and rows are 16-byte aligned. Under the simulator, plain indexing.
+if config.ENABLE_CUDASIM:
+    def _ldv(a, idx, n):
+        *lead, c = idx
+        return tuple(a[(*lead, c + m)] for m in range(n))
+
+    def _ld4(a, idx):
+        return _ldv(a, idx, 4)
+
+    def _stv(a, idx, vals):
+        *lead, c = idx
+        for m, v in enumerate(vals):
+            a[(*lead, c + m)] = v
+
+    _st4 = _st2 = _stv
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    def _vec_ptr(context, builder, aryty, ary, idxty, idx, n):
+        arr = context.make_array(aryty)(context, builder, value=ary)
+        inds = [context.cast(builder, v, t, types.intp)
+                for v, t in zip(cgutils.unpack_tuple(builder, idx, len(idxty)), idxty)]
+        ptr = cgutils.get_item_pointer(context, builder, aryty, arr, inds, wraparound=False)
+        return builder.bitcast(ptr, ir.VectorType(context.get_value_type(aryty.dtype), n).as_pointer())
+
+    def _make_ld(n):
+        @intrinsic
+        def ld(typingctx, a, idx):
+            def codegen(context, builder, sig, args):
+                vp = _vec_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1], n)
+                v = builder.load(vp, align=4 * n)
+                vals = [builder.extract_element(v, ir.Constant(ir.IntType(32), m)) for m in range(n)]
+                return context.make_tuple(builder, sig.return_type, vals)
+            return types.UniTuple(a.dtype, n)(a, idx), codegen
+        return ld
+
+    def _make_st(n):
+        @intrinsic
+        def st(typingctx, a, idx, vals):
+            def codegen(context, builder, sig, args):
+                aty, ity, vty = sig.args
+                vp = _vec_ptr(context, builder, aty, args[0], ity, args[1], n)
+                vec = ir.Constant(ir.VectorType(context.get_value_type(aty.dtype), n), ir.Undefined)
+                for m, (v, t) in enumerate(zip(cgutils.unpack_tuple(builder, args[2], n), vty)):
+                    vec = builder.insert_element(vec, context.cast(builder, v, t, aty.dtype),
+                                                 ir.Constant(ir.IntType(32), m))
+                builder.store(vec, vp, align=4 * n)
+            return types.void(a, idx, vals), codegen
+        return st
+
+    _ld4 = _make_ld(4)
+    _st4, _st2 = _make_st(4), _make_st(2)
 
 
 @register_jitable
@@ -486,12 +545,6 @@ def _divmod(a, n, sh):
 
 
 @register_jitable
-def _slot(q):
-    """Padded shared-memory slot of chunk value q (0..255)."""
-    return q + (q >> 5)
-
-
-@register_jitable
 def _absbits(v):
     """|v| as int bits: for floats >= 0 integer order is float order, and NaN/inf sort above every
     finite value, so an integer max carries "this group holds a non-finite value"."""
@@ -514,16 +567,10 @@ def _warp_max_bits(m, lanes):
     return m
 
 
-@cuda.jit(device=True)
-def _encode8(fmt, sm, w, lane, r, sb):
-    """uint32 of the 8 codes of this lane's values sm[w, slot(8 lane + j)] (0 for a poisoned group)."""
-    word = 0
-    if sb != E4M3_NAN:
-        for j in range(8):
-            v = sm[w, _slot(8 * lane + j)]
-            c = iso3_enc(v, r) if fmt == 3 else e2m1_enc_bits(v * r)
-            word |= c << (4 * j)
-    return word
+@register_jitable
+def _enc4(fmt, v, r):
+    """4-bit code of value v with multiplier r (nvfp4/c4g64 E2M1, iso3 sign + magnitude)."""
+    return iso3_enc(v, r) if fmt == 3 else e2m1_enc_bits(v * r)
 
 
 @cuda.jit(device=True)
@@ -540,240 +587,358 @@ def _canon_nan(v):
 
 @cuda.jit
 def append_cuda(fmt_id, x, pos0, table, codes, scales, gscale):
-    """Same semantics as append_cpu; x [T, H, D] fp32, row (t, h) goes to table[h, (pos0+t) // P]."""
+    """Same semantics as append_cpu; x [T, H, D] fp32, row (t, h) goes to table[h, (pos0+t) // P].
+
+    Lane unit s = 16 consecutive values x.flat[16 s : 16 s + 16] (one row segment, module comment).
+    """
     T, H, D = x.shape
     P = codes.shape[1]
-    sm = cuda.shared.array((_WARPS, _SROW), np.float32)
     lane = cuda.threadIdx.x & 31
-    w = cuda.threadIdx.x >> 5
-    gw = cuda.blockIdx.x * _WARPS + w
-    nw = cuda.gridDim.x * _WARPS
     ld, lh, lp = _log2(D), _log2(H), _log2(P)
-    if fmt_id <= 1:  # bf16, int8: a warp per row, lane-strided
-        for rr in range(gw, T * H, nw):
-            t, h = _divmod(rr, H, lh)
-            pi, pr = _divmod(pos0 + t, P, lp)
-            page = table[h, pi]
-            if page < 0:  # the host wrapper checks the table; a kernel cannot raise
-                continue
-            if fmt_id == 0:
-                for c in range(lane, D, 32):
-                    codes[page, pr, c] = bf16_enc(x[t, h, c])
-                continue
-            m = 0
-            for c in range(lane, D, 32):
-                m = max(m, _absbits(x[t, h, c]))
-            scale, inv = int8_row_scale(_amax_of_bits(_warp_max_bits(m, 32)))
-            if lane == 0:
-                scales[page, pr, 0] = scale
-            for c in range(lane, D, 32):  # x again: L1 hits
-                codes[page, pr, c] = int8_enc(x[t, h, c], inv) if inv > np.float32(0.0) else 0
-        return
-    # 4-bit: chunk = 256 consecutive values of x (flat [T*H*D]); rows are D >= 64 values, so a
-    # chunk holds whole 16/64-groups. codes viewed as uint32 [n_pages, P, D/8].
-    codes32 = codes.view(np.uint32)
+    nseg = (T * H * D) >> 4
+    # lanes sharing a scale: a 64-group 4, an int8 row D/16 (<= 32), a 16-group 1
+    gl = 4 if fmt_id == 4 else ((D >> 4) if fmt_id == 1 else 1)
     gsh = 6 if fmt_id == 4 else 4
-    n = T * H * D
-    for base in range(gw * _CHUNK, n, nw * _CHUNK):
-        # coalesced load: slot k holds values base + 32k + lane, one row (t, h) per slot
-        t, h = _divmod(base >> ld, H, lh)
-        for k in range(_CHUNK // 32):
-            q = base + 32 * k + lane
-            if k > 0 and ((32 * k) & (D - 1)) == 0:  # next row
-                h += 1
-                if h == H:
-                    h = 0
-                    t += 1
-            sm[w, _slot(32 * k + lane)] = x[t, h, q & (D - 1)] if q < n else np.float32(0.0)
-        cuda.syncwarp()
-        # lane owns values q0 .. q0 + 7
-        q0 = base + 8 * lane
+    v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
+    c32 = codes.view(np.uint32)
+    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+    for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
+        s = base + lane
+        live = s < nseg
+        row = s >> (ld - 4)
+        c = (s << 4) & (D - 1)
+        t, h = _divmod(row, H, lh)
         m = 0
-        for j in range(8):
-            m = max(m, _absbits(sm[w, _slot(8 * lane + j)]))
-        amax = _amax_of_bits(_warp_max_bits(m, 8 if fmt_id == 4 else 2))
-        if q0 < n:
-            t, h = _divmod(q0 >> ld, H, lh)
-            pi, pr = _divmod(pos0 + t, P, lp)
-            page = table[h, pi]
-            if page >= 0:
-                g = gscale[h]
-                sb = group_scale(fmt_id, amax, g)
-                col = q0 & (D - 1)
-                codes32[page, pr, col >> 3] = _encode8(fmt_id, sm, w, lane, group_mult(sb, g), sb)
-                if (col & ((1 << gsh) - 1)) == 0:
-                    scales[page, pr, col >> gsh] = sb
-        cuda.syncwarp()  # the row is refilled by the next chunk
+        if live:
+            for k in range(4):
+                v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
+            for k in range(16):
+                m = max(m, _absbits(v[k]))
+        if fmt_id >= 1:
+            m = _warp_max_bits(m, gl)
+        if not live:
+            continue
+        pi, pr = _divmod(pos0 + t, P, lp)
+        page = table[h, pi]
+        if page < 0:  # the host wrapper checks the table; a kernel cannot raise
+            continue
+        if fmt_id == 0:  # 16 bf16 = 8 uint32 words
+            for k in range(2):
+                _st4(c32, (page, pr, (c >> 1) + 4 * k),
+                     (bf16_enc(v[8 * k]) | (bf16_enc(v[8 * k + 1]) << 16),
+                      bf16_enc(v[8 * k + 2]) | (bf16_enc(v[8 * k + 3]) << 16),
+                      bf16_enc(v[8 * k + 4]) | (bf16_enc(v[8 * k + 5]) << 16),
+                      bf16_enc(v[8 * k + 6]) | (bf16_enc(v[8 * k + 7]) << 16)))
+        elif fmt_id == 1:  # 16 int8 = 4 uint32 words
+            scale, inv = int8_row_scale(_amax_of_bits(m))
+            if c == 0:
+                scales[page, pr, 0] = scale
+            if inv > np.float32(0.0):
+                _st4(c32, (page, pr, c >> 2), (_int8_word(v, 0, inv), _int8_word(v, 4, inv),
+                                               _int8_word(v, 8, inv), _int8_word(v, 12, inv)))
+            else:
+                _st4(c32, (page, pr, c >> 2), (0, 0, 0, 0))
+        else:  # 16 4-bit codes = 2 uint32 words
+            g = gscale[h]
+            sb = group_scale(fmt_id, _amax_of_bits(m), g)
+            r = group_mult(sb, g)
+            lo = 0
+            hi = 0
+            if sb != E4M3_NAN:
+                for j in range(8):
+                    lo |= _enc4(fmt_id, v[j], r) << (4 * j)
+                    hi |= _enc4(fmt_id, v[8 + j], r) << (4 * j)
+            _st2(c32, (page, pr, c >> 3), (lo, hi))
+            if (c & ((1 << gsh) - 1)) == 0:
+                scales[page, pr, c >> gsh] = sb
+
+
+@register_jitable
+def _int8_word(v, k, inv):
+    """uint32 of the int8 codes of v[k .. k+3]."""
+    w = 0
+    for j in range(4):
+        w |= (int8_enc(v[k + j], inv) & 0xFF) << (8 * j)
+    return w
 
 
 @cuda.jit
 def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
-    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. A warp per page."""
+    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. A warp per page.
+
+    Step k of an iteration: lane owns values q = base + 128 k + 4 lane .. q + 3 of the page (flat
+    [P * D]); their codes are one uint16 (4-bit), uint32 (int8) or uint64 (bf16) word.
+    """
     n, P, D = out.shape
-    sm = cuda.shared.array((_WARPS, _SROW), np.float32)
     lane = cuda.threadIdx.x & 31
-    w = cuda.threadIdx.x >> 5
     ld = _log2(D)
     pd = P * D
     gsh = 6 if fmt_id == 4 else 4
-    codes32 = codes.view(np.uint32)  # the 4-bit path reads 8 codes per lane as one uint32
-    for j in range(cuda.blockIdx.x * _WARPS + w, n, cuda.gridDim.x * _WARPS):
+    c16, c32, c64 = codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64)
+    words = cuda.local.array(_DQ_STEPS, np.int64)
+    svals = cuda.local.array(_DQ_STEPS, np.float32)
+    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+    for j in range(gw, n, nw):
         page = pages[j]
         g = gs[j]
-        if fmt_id <= 1:  # lane-strided, coalesced both ways
-            for q in range(lane, pd, 32):
-                t, c = q >> ld, q & (D - 1)
-                if fmt_id == 0:
-                    out[j, t, c] = bf16_dec(codes[page, t, c])
-                else:
-                    out[j, t, c] = _canon_nan(np.float32(codes[page, t, c]) * np.float32(scales[page, t, 0]))
-            continue
-        for base in range(0, pd, _CHUNK):
-            q0 = base + 8 * lane
-            if q0 < pd:  # decode this lane's 8 values (one uint32, one group step) into its slots
-                t, c = q0 >> ld, q0 & (D - 1)
-                word = np.int64(codes32[page, t, c >> 3])
-                d = e4m3_dec(np.int64(scales[page, t, c >> gsh])) / np.float32(g)
-                for k in range(8):
-                    sm[w, _slot(8 * lane + k)] = _decode_nibble(fmt_id, (word >> (4 * k)) & 15, d)
-            cuda.syncwarp()
-            for k in range(_CHUNK // 32):  # coalesced stores
-                q = base + 32 * k + lane
+        for base in range(4 * lane, pd, 128 * _DQ_STEPS):
+            for k in range(_DQ_STEPS):  # all loads of the iteration first: bytes in flight
+                q = base + 128 * k
                 if q < pd:
-                    out[j, q >> ld, q & (D - 1)] = sm[w, _slot(32 * k + lane)]
-            cuda.syncwarp()
+                    t, c = q >> ld, q & (D - 1)
+                    if fmt_id == 0:
+                        words[k] = np.int64(c64[page, t, c >> 2])
+                    elif fmt_id == 1:
+                        words[k] = np.int64(c32[page, t, c >> 2])
+                        svals[k] = scales[page, t, 0]
+                    else:
+                        words[k] = np.int64(c16[page, t, c >> 2])
+                        svals[k] = e4m3_dec(np.int64(scales[page, t, c >> gsh]))
+            for k in range(_DQ_STEPS):
+                q = base + 128 * k
+                if q < pd:
+                    t, c = q >> ld, q & (D - 1)
+                    w = words[k]
+                    if fmt_id == 0:
+                        _st4(out, (j, t, c), (bf16_dec(w & 0xFFFF), bf16_dec((w >> 16) & 0xFFFF),
+                                              bf16_dec((w >> 32) & 0xFFFF), bf16_dec((w >> 48) & 0xFFFF)))
+                    elif fmt_id == 1:
+                        s = np.float32(svals[k])
+                        _st4(out, (j, t, c), (_int8_val(w, 0, s), _int8_val(w, 1, s),
+                                              _int8_val(w, 2, s), _int8_val(w, 3, s)))
+                    else:
+                        d = svals[k] / np.float32(g)  # the group's step s / g
+                        _st4(out, (j, t, c), (_decode_nibble(fmt_id, w & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 4) & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 8) & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 12) & 15, d)))
 
 
 @cuda.jit(device=True)
-def _decode8(fmt, codes, scales, page, t, c, g, vals):
-    """vals[0:8] = decoded values c .. c+7 of row t of `page` (c a multiple of 8)."""
+def _int8_val(w, k, s):
+    """Byte k of w as an int8 code, times the row scale s."""
+    b = (w >> (8 * k)) & 0xFF
+    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
+
+
+# PRMT (byte permute): result byte i = byte (sel >> 4 i) & 7 of the 8 bytes hi:lo. The requant
+# kernel looks 4 codes up in an 8-entry byte table with one instruction.
+if config.ENABLE_CUDASIM:
+    def _prmt(lo, hi, sel):
+        both = (int(hi) << 32) | int(lo)
+        return sum(((both >> (8 * ((int(sel) >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def _prmt(lo, hi, sel):
+        return np.int64(libdevice.byte_perm(np.int32(lo), np.int32(hi), np.int32(sel))) & 0xFFFFFFFF
+
+
+@register_jitable
+def _sel4(x):
+    """The 4 low nibbles of x's 4 bytes as a PRMT selector (nibble i = byte i & 7)."""
+    x &= 0x07070707
+    x = (x | (x >> 4)) & 0x00FF00FF
+    return (x | (x >> 8)) & 0xFFFF
+
+
+@cuda.jit(device=True)
+def _lut_word(lo, hi, w):
+    """8 output codes of source word w (8 nibbles) from the magnitude table hi:lo (byte m = code
+    magnitude for source magnitude m): the even nibbles, and the odd ones from the table << 4."""
+    return _prmt(lo, hi, _sel4(w)) | _prmt(lo << 4, hi << 4, _sel4(w >> 4))
+
+
+@cuda.jit(device=True)
+def _rq_val(fmt, w, i, s):
+    """bf16 / int8 source: value i (0..15) of a unit whose raw code words are w (8 uint32; int8
+    uses 4), row scale s (int8)."""
     if fmt == 0:
-        w2 = codes.view(np.uint64)  # 4 bf16 per uint64
-        for h in range(2):
-            word = np.int64(w2[page, t, (c >> 2) + h])  # int64 view of the bits: shifts below mask
-            for k in range(4):
-                vals[4 * h + k] = bf16_dec((word >> (16 * k)) & 0xFFFF)
-    elif fmt == 1:
-        word = np.int64(codes.view(np.uint64)[page, t, c >> 3])  # 8 int8 codes
-        s = np.float32(scales[page, t, 0])
-        for k in range(8):
-            b = (word >> (8 * k)) & 0xFF
-            vals[k] = np.float32(b - 256 if b >= 128 else b) * s
-    else:
-        word = np.int64(codes.view(np.uint32)[page, t, c >> 3])
-        d = e4m3_dec(np.int64(scales[page, t, c >> (6 if fmt == 4 else 4)])) / np.float32(g)
-        for k in range(8):
-            vals[k] = _decode_nibble(fmt, (word >> (4 * k)) & 15, d)
+        return bf16_dec(np.int64(w[i >> 1]) >> (16 * (i & 1)))
+    b = (np.int64(w[i >> 2]) >> (8 * (i & 3))) & 0xFF
+    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
 
 
 @cuda.jit(device=True)
-def _src4(fmt, codes, scales, page, t, c, g):
-    """4-bit source, the lane's 8 values c .. c+7 of row t: (code word, group step d, lm) with
-    lm = |dec(max code magnitude) * d| = max |value| (rounding is monotonic; may be inf or NaN)."""
-    word = np.int64(codes.view(np.uint32)[page, t, c >> 3])
+def _rq_lm(fmt, w0, w1, d):
+    """4-bit source, 16 values (code words w0, w1) with step d: |dec(largest code magnitude) * d|
+    = their max |value| (rounding is monotonic); inf or NaN when a product overflows or the group
+    is poisoned."""
     mm = 0
-    for k in range(8):
-        mm = max(mm, (word >> (4 * k)) & 7)
-    d = e4m3_dec(np.int64(scales[page, t, c >> (6 if fmt == 4 else 4)])) / np.float32(g)
-    return word, d, abs(_decode_nibble(fmt, mm, d))
+    for j in range(8):
+        mm = max(mm, max((np.int64(w0) >> (4 * j)) & 7, (np.int64(w1) >> (4 * j)) & 7))
+    return abs(_decode_nibble(fmt, mm, d))
 
 
 @cuda.jit(device=True)
-def _warp_or(v, lanes):
-    """OR of v (< 2^31) over aligned groups of `lanes` lanes."""
-    s = 1
-    while s < lanes:
-        v |= np.int64(cuda.shfl_xor_sync(_FULL, np.int32(v), s))
-        s *= 2
-    return v
+def _rq_pass1(fmt, w0, w1, d, gm, amax):
+    """Pass 1 for 16 values of a 4-bit source: (group max with non-finite as inf, finite page amax)."""
+    lm = _rq_lm(fmt, w0, w1, d)
+    if lm <= F32_MAX:
+        return max(gm, lm), max(amax, lm)
+    for i in range(16):  # a product that overflowed or a poisoned group: the finite values
+        x = (np.int64(w1) if i >= 8 else np.int64(w0)) >> (4 * (i & 7))
+        a = abs(_decode_nibble(fmt, x & 15, d))
+        if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
+            amax = a
+    return np.float32(np.inf), amax
+
+
+@cuda.jit(device=True)
+def _rq_table(fmt, d, r):
+    """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude)."""
+    lo = 0
+    hi = 0
+    for m in range(4):
+        lo |= (e2m1_enc_bits(_decode_nibble(fmt, m, d) * r) & 7) << (8 * m)
+        hi |= (e2m1_enc_bits(_decode_nibble(fmt, m + 4, d) * r) & 7) << (8 * m)
+    return lo, hi
+
+
+@cuda.jit(device=True)
+def _rq_encode(lo, hi, w, d, r):
+    """Output code word of source word w (8 codes, step d) by table lookup, signs as IEEE products."""
+    x = np.int64(w)
+    neg = 0x88888888 if ((f32_bits(d) ^ f32_bits(r)) >> 31) & 1 else 0
+    return _lut_word(lo, hi, x) ^ (x & 0x88888888) ^ neg
+
+
+@cuda.jit(device=True)
+def _rq_src4(fmt, c32, scales, page, t, c, g):
+    """4-bit source, the 64 values of row t from column c: (8 code words, the steps of the four
+    16-value quarters; all four equal for c4g64, one source group)."""
+    w = _ld4(c32, (page, t, c >> 3)) + _ld4(c32, (page, t, (c >> 3) + 4))
+    if fmt == 4:
+        d0 = e4m3_dec(np.int64(scales[page, t, c >> 6])) / g
+        return w, (d0, d0, d0, d0)
+    q0 = c >> 4
+    return w, (e4m3_dec(np.int64(scales[page, t, q0])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 1])) / g,
+               e4m3_dec(np.int64(scales[page, t, q0 + 2])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 3])) / g)
+
+
+@cuda.jit(device=True)
+def _rq_src16(fmt, c32, scales, page, t, c):
+    """bf16 / int8 source, the 16 values of row t from column c: (8 code words, int8 row scale)."""
+    if fmt == 0:
+        return _ld4(c32, (page, t, c >> 1)) + _ld4(c32, (page, t, (c >> 1) + 4)), np.float32(0.0)
+    z = np.uint32(0)
+    return _ld4(c32, (page, t, c >> 2)) + (z, z, z, z), np.float32(scales[page, t, 0])
 
 
 @cuda.jit
 def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g):
     """Requantize page pages[j] (global gsrc[j]) to c4g64 in out_*[j]; a warp per page.
 
-    Lane owns 8 consecutive values (one output uint32, 1/8 of a 64-group). Pass 1: the page's
-    finite amax -> out_g[j]; for 4-bit sources a lane's max is _src4's lm, falling back to all 8
-    values only when that is not finite. Pass 2 reads the page again (L1/L2 hits), takes the
-    64-group max with 3 shfl_xor and encodes. A 4-bit source group shares its step d and its output
-    group the multiplier r, so its output code is a function of the source code: the 2 (nvfp4,
-    iso3) or 8 (c4g64) lanes of a source group build the table m -> E2M1 magnitude of dec(m) * d * r
-    (8 nibbles) together, then each lane looks its 8 codes up: 4 or 1 encodes per lane, not 8.
-    The sign of a code is sign(source code) ^ sign(d) ^ sign(r), as IEEE products have it.
+    Two passes over the page: pass 1 takes its finite amax -> out_g[j]; pass 2 reads the page
+    again (L1/L2 hits) and encodes.
+    4-bit sources: a lane owns whole output 64-groups (8 source words, 32 B): no shuffles. A
+    quarter's max is _rq_lm (one decode), falling back to all 16 values when that is not finite;
+    pass 1 keeps the group max for pass 2 (_RQ_KEEP groups per lane). A source group shares its
+    step d and an output group its multiplier r, so the output code is a function of the source
+    code magnitude: an 8-byte table (m -> E2M1 magnitude of dec(m) * d * r), built once per
+    source group (1 per output group from c4g64, 4 from nvfp4/iso3) and looked up 4 codes at a
+    time with PRMT. The sign is sign(source code) ^ sign(d) ^ sign(r), as IEEE products have it.
+    bf16/int8 sources: a lane owns 16 values (32 or 16 B), 4 lanes an output group (2 shuffles),
+    decode and encode per value.
     """
     P = codes.shape[1]
     D = out_codes.shape[2] * 2
     lane = cuda.threadIdx.x & 31
-    vals = cuda.local.array(8, np.float32)
     ld = _log2(D)
-    pd = P * D
-    out32 = out_codes.view(np.uint32)
-    for j in range(cuda.blockIdx.x * _WARPS + (cuda.threadIdx.x >> 5), pages.shape[0],
-                   cuda.gridDim.x * _WARPS):
+    c32 = codes.view(np.uint32)
+    o32 = out_codes.view(np.uint32)
+    keep = cuda.local.array(_RQ_KEEP, np.float32)  # per-lane group maxima of pass 1 (local memory)
+    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+    ng = (P * D) >> 6  # 64-groups in a page
+    nu = (P * D) >> 4  # 16-value units
+    for j in range(gw, pages.shape[0], nw):
         page = pages[j]
-        g = gsrc[j]
+        g = np.float32(gsrc[j])
         amax = np.float32(0.0)
-        for q0 in range(8 * lane, pd, _CHUNK):
-            t, c = q0 >> ld, q0 & (D - 1)
-            lm = np.float32(np.inf)
-            if fmt_id >= 2:
-                _, _, lm = _src4(fmt_id, codes, scales, page, t, c, g)
-            if lm <= F32_MAX:
-                amax = max(amax, lm)
-            else:  # bf16/int8 source, or a product that overflowed / a poisoned group
-                _decode8(fmt_id, codes, scales, page, t, c, g, vals)
-                for k in range(8):
-                    a = abs(vals[k])
+        # ------------------------------------------------------------------ pass 1: page amax
+        if fmt_id >= 2:
+            for u in range(lane, ng, 32):
+                t, c = u >> (ld - 6), (u << 6) & (D - 1)
+                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
+                gm, amax = _rq_pass1(fmt_id, w[0], w[1], d[0], np.float32(0.0), amax)
+                gm, amax = _rq_pass1(fmt_id, w[2], w[3], d[1], gm, amax)
+                gm, amax = _rq_pass1(fmt_id, w[4], w[5], d[2], gm, amax)
+                gm, amax = _rq_pass1(fmt_id, w[6], w[7], d[3], gm, amax)
+                i = u >> 5
+                if i < _RQ_KEEP:
+                    keep[i] = gm
+        else:
+            for u in range(lane, nu, 32):
+                t, c = u >> (ld - 4), (u << 4) & (D - 1)
+                w, s = _rq_src16(fmt_id, c32, scales, page, t, c)
+                for i in range(16):
+                    a = abs(_rq_val(fmt_id, w, i, s))
                     if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
                         amax = a
-        for s in (16, 8, 4, 2, 1):
-            amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, s))
+        for sh in (16, 8, 4, 2, 1):
+            amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
         g2 = global_scale_for(amax)
         if lane == 0:
             out_g[j] = g2
-        for base in range(0, pd, _CHUNK):  # warp-uniform trip count: every lane shuffles
-            q0 = base + 8 * lane
-            live = q0 < pd  # P * D is a multiple of 64: a 64-group is all live or all not
-            t, c = q0 >> ld, q0 & (D - 1)
-            out = 0
-            if fmt_id >= 2:
-                word, d, lm = 0, np.float32(0.0), np.float32(0.0)
-                if live:
-                    word, d, lm = _src4(fmt_id, codes, scales, page, t, c, g)
-                gm = abs_or_inf(lm)
-                for s in (1, 2, 4):
-                    gm = max(gm, cuda.shfl_xor_sync(_FULL, gm, s))
+        # ------------------------------------------------------------------ pass 2: encode
+        if fmt_id >= 2:
+            for u in range(lane, ng, 32):
+                t, c = u >> (ld - 6), (u << 6) & (D - 1)
+                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
+                i = u >> 5
+                if i < _RQ_KEEP:
+                    gm = keep[i]
+                else:
+                    gm, _ = _rq_pass1(fmt_id, w[0], w[1], d[0], np.float32(0.0), np.float32(0.0))
+                    gm, _ = _rq_pass1(fmt_id, w[2], w[3], d[1], gm, np.float32(0.0))
+                    gm, _ = _rq_pass1(fmt_id, w[4], w[5], d[2], gm, np.float32(0.0))
+                    gm, _ = _rq_pass1(fmt_id, w[6], w[7], d[3], gm, np.float32(0.0))
                 sb = group_scale(4, gm, g2)
                 r = group_mult(sb, g2)
-                lut = 0
-                if fmt_id == 4:
-                    m = lane & 7
-                    lut = _warp_or((e2m1_enc_bits(_decode_nibble(fmt_id, m, d) * r) & 7) << (4 * m), 8)
+                if sb == E4M3_NAN:
+                    _st4(o32, (j, t, c >> 3), (0, 0, 0, 0))
+                    _st4(o32, (j, t, (c >> 3) + 4), (0, 0, 0, 0))
                 else:
-                    for i in range(4):
-                        m = 2 * i + (lane & 1)
-                        lut |= (e2m1_enc_bits(_decode_nibble(fmt_id, m, d) * r) & 7) << (4 * m)
-                    lut = _warp_or(lut, 2)
-                if live and sb != E4M3_NAN:
-                    for k in range(8):
-                        out |= ((lut >> (4 * ((word >> (4 * k)) & 7))) & 7) << (4 * k)
-                    neg = ((f32_bits(d) ^ f32_bits(r)) >> 31) & 1
-                    out ^= (word & 0x88888888) ^ (0x88888888 if neg else 0)
-            else:
+                    lo, hi = _rq_table(fmt_id, d[0], r)
+                    o0, o1 = _rq_encode(lo, hi, w[0], d[0], r), _rq_encode(lo, hi, w[1], d[0], r)
+                    if fmt_id != 4:  # nvfp4 / iso3: a table per 16-value source group
+                        lo, hi = _rq_table(fmt_id, d[1], r)
+                    o2, o3 = _rq_encode(lo, hi, w[2], d[1], r), _rq_encode(lo, hi, w[3], d[1], r)
+                    if fmt_id != 4:
+                        lo, hi = _rq_table(fmt_id, d[2], r)
+                    o4, o5 = _rq_encode(lo, hi, w[4], d[2], r), _rq_encode(lo, hi, w[5], d[2], r)
+                    if fmt_id != 4:
+                        lo, hi = _rq_table(fmt_id, d[3], r)
+                    o6, o7 = _rq_encode(lo, hi, w[6], d[3], r), _rq_encode(lo, hi, w[7], d[3], r)
+                    _st4(o32, (j, t, c >> 3), (o0, o1, o2, o3))
+                    _st4(o32, (j, t, (c >> 3) + 4), (o4, o5, o6, o7))
+                out_scales[j, t, c >> 6] = sb
+        else:
+            for base in range(0, nu, 32):  # warp-uniform trip count: every lane shuffles
+                u = base + lane
+                live = u < nu  # P * D is a multiple of 64: a 64-group is all live or all not
+                t, c = u >> (ld - 4), (u << 4) & (D - 1)
                 m = 0
+                w, s = _rq_src16(fmt_id, c32, scales, page, t if live else 0, c)  # page row 0 when not live
                 if live:
-                    _decode8(fmt_id, codes, scales, page, t, c, g, vals)
-                    for k in range(8):
-                        m = max(m, _absbits(vals[k]))
-                sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 8)), g2)
+                    for i in range(16):
+                        m = max(m, _absbits(_rq_val(fmt_id, w, i, s)))
+                sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 4)), g2)
                 r = group_mult(sb, g2)
-                if live and sb != E4M3_NAN:
-                    for k in range(8):
-                        out |= e2m1_enc_bits(vals[k] * r) << (4 * k)
-            if live:
-                out32[j, t, c >> 3] = out
-                if (c & 63) == 0:
-                    out_scales[j, t, c >> 6] = sb
+                if live:
+                    lo = 0
+                    hi = 0
+                    if sb != E4M3_NAN:
+                        for i in range(8):
+                            lo |= e2m1_enc_bits(_rq_val(fmt_id, w, i, s) * r) << (4 * i)
+                            hi |= e2m1_enc_bits(_rq_val(fmt_id, w, i + 8, s) * r) << (4 * i)
+                    _st2(o32, (j, t, c >> 3), (lo, hi))
+                    if (c & 63) == 0:
+                        out_scales[j, t, c >> 6] = sb
 
 
 # Device functions for other kernels (attention): decode one value, or a chunk into a local array.
@@ -792,11 +957,20 @@ def _grid(units: int) -> int:
     return min(_MAX_BLOCKS, math.ceil(units / _WARPS))
 
 
+def _check_vec(*arrays) -> None:
+    """The kernels move x, out and codes in 8/16-byte vectors along the last axis (_ld4/_st4)."""
+    for a in arrays:
+        if a.strides[-1] != a.dtype.itemsize or any(s % 16 for s in a.strides[:-1]):
+            raise ValueError(f"CUDA codec kernels need the last axis contiguous and 16-byte aligned "
+                             f"rows, got strides {a.strides}")
+
+
 def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     """Quantize-append on the device (device or host arrays). The table must map every position."""
     T, H, D = x.shape
     _check_head_dim(D)
-    units = T * H if fmt_id <= 1 else math.ceil(T * H * D / _CHUNK)
+    _check_vec(x, codes)
+    units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if units:
         append_cuda[_grid(units), 32 * _WARPS, stream](fmt_id, x, pos0, table, codes, scales, gscale)
 
@@ -804,12 +978,14 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
 def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
     n, P, D = out.shape
     _check_head_dim(D)
+    _check_vec(codes, out)
     if n * P:
         dequant_pages_cuda[_grid(n), 32 * _WARPS, stream](fmt_id, codes, scales, pages, gs, out)
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
     _check_head_dim(out_codes.shape[2] * 2)
+    _check_vec(codes, out_codes)
     if pages.shape[0] and codes.shape[1]:
         requant_c4g64_cuda[_grid(pages.shape[0]), 32 * _WARPS, stream](
             fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g)
