@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PTX_MODULES = [
     "coldkv.numba_kernels.quant",
     "coldkv.numba_kernels.attention_cuda",
+    "coldkv.numba_kernels.attention_mma",
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
 ]

@@ -539,9 +539,23 @@ def _cold_in_range(table, n_pages: int) -> bool:
     return bool((t[:, :, :n_pages] <= -2).any())
 
 
+def _use_mma(kernel: str, kf, vf, G, D) -> bool:
+    if kernel == "fma":
+        return False
+    from numba import config
+
+    from coldkv.numba_kernels import attention_mma
+
+    ok = not config.ENABLE_CUDASIM and attention_mma.supports(kf, vf, G, D)
+    if kernel == "mma" and not ok:
+        raise ValueError(f"attention_cuda: the tensor-core kernel needs a GPU, G <= 8, head_dim % 64 == 0 "
+                         f"(K={kf} V={vf} G={G} D={D})")
+    return ok
+
+
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
-                         plan_len=None):
+                         plan_len=None, kernel="auto", mma_tiles=0):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -553,7 +567,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     cold-page check) and `plan_len` is required: the largest pos0 + T the launch will see (e.g.
     the cache's token capacity); the split grid is planned for it and each split takes its share
     of the pages of the actual length. With an int, `plan_len` (optional, >= pos0 + T) does the
-    same planning; by default the grid is planned for pos0 + T."""
+    same planning; by default the grid is planned for pos0 + T.
+
+    kernel: "mma" the tensor-core kernel (attention_mma: q and P rounded to 16 bits, GPU only),
+    "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
+    applies (a GPU, G <= 8). mma_tiles / max_registers: tuning knobs of the benchmark."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -577,11 +595,18 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
     splits = nblk * NWARPS
     ws_acc, ws_ml = ws.views(splits, T)
-    kern = get_kernel(k_fmt, v_fmt, G, D, max_registers, devpos)
     qscale = np.float32(sm_scale * _LOG2E)
-    kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), _flat(k_scales),
-                                        _flat(v_codes, np.uint32), _flat(v_scales), gscale, table,
-                                        ws_acc, ws_ml)
+    if _use_mma(kernel, k_fmt, v_fmt, G, D):
+        from coldkv.numba_kernels import attention_mma
+
+        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers)
+        ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
+        vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
+    else:
+        kern = get_kernel(k_fmt, v_fmt, G, D, max_registers, devpos)
+        ksc, vsc = _flat(k_scales), _flat(v_scales)
+    kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
+                                        _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
     _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
     return out
 
