@@ -1,10 +1,13 @@
 """The CUDA backend against the CPU backend and HF transformers (GPU only: skipped without one).
 
-Bound: the CUDA backend rounds every GEMM input row to bf16 (the CPU keeps float32), so logits
-differ by about bf16's relative step (2^-8) times the size of the terms summed; we hold the
-max-abs logit difference to LOGIT_BOUND x the logits' standard deviation. Greedy tokens are
-compared where the choice is not a near-tie: up to the first step whose top-2 margin (CPU side)
-is below twice the measured difference.
+Bounds follow the reference's own error (as flash-attention's tests do): `e_ref` is how far HF
+transformers in bf16 moves from HF in float32 on the same checkpoint and tokens. The CUDA backend
+rounds GEMM inputs to bf16 (the CPU backend keeps float32), so with bf16 KV it must stay within
+2 e_ref of HF float32 and of the CPU backend. With a quantized table, K/V that differ by bf16
+noise can take different 4-bit codes (and a different second-level scale), so the allowance grows
+by the table's own effect on the CPU: 2 (e_ref + max|CPU table - CPU bf16 KV|). Greedy choices
+(argmax of teacher-forced logits) must agree wherever the reference's top-2 margin exceeds twice
+the measured logit difference.
 """
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from coldkv.runtime.tokenizer import Tokenizer
 from tinymodel import make_checkpoint
 
 pytestmark = pytest.mark.gpu
-LOGIT_BOUND = 0.05
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 TABLES = ("bf16", "int8", "nvfp4", "default")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -36,22 +40,36 @@ def _cuda(d, **kw):
 
 
 def _teacher_forced(backend, table, seq, n_prompt):
-    """Logits after the prompt (one chunked prefill) and after each later token (decode steps)."""
+    """Logits after the prompt (one chunked prefill) and after each later token (decode steps):
+    rows for positions n_prompt - 1 .. len(seq) - 2."""
     cache = backend.new_cache(table, len(seq))
     out = [backend.forward(np.array(seq[:n_prompt]), cache)]
     out += [backend.forward(np.array([t]), cache) for t in seq[n_prompt:-1]]
     return np.stack(out)
 
 
-def _agree_until_near_tie(ref_logits, ours_tokens, ref_tokens, tol):
-    n = 0
-    for lg, a, b in zip(ref_logits, ours_tokens, ref_tokens):
-        top2 = np.sort(lg)[-2:]
-        if top2[1] - top2[0] < 2 * tol:
-            break
-        assert a == b, f"greedy token {n} differs ({a} vs {b}) with a top-2 margin of {top2[1] - top2[0]:.3f}"
-        n += 1
-    return n
+def _hf(d, seq, n_prompt):
+    """HF logits at the same rows in float32 and in bf16 (CUDA, SDPA)."""
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="sdpa")
+        with torch.no_grad():
+            lg = m.cuda().eval()(torch.tensor([seq]).cuda()).logits[0, n_prompt - 1:-1]
+        out.append(lg.float().cpu().numpy())
+    return out
+
+
+def _maxdiff(a, b):
+    return float(np.abs(a - b).max())
+
+
+def _argmax_agree(ref, ours, tol):
+    """Rows where ref's top-2 margin > 2 tol must have the same argmax; -> rows compared."""
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    sure = top2[:, 1] - top2[:, 0] > 2 * tol
+    bad = np.flatnonzero(sure & (ref.argmax(-1) != ours.argmax(-1)))
+    assert bad.size == 0, f"greedy choice differs at rows {bad.tolist()}"
+    return int(sure.sum())
 
 
 @pytest.fixture(scope="module")
@@ -59,53 +77,73 @@ def bundled():
     d = coldkv.DEFAULT_MODEL
     if not (d / "config.json").exists():
         pytest.skip("bundled model not installed")
-    return d, Tokenizer.from_dir(d), CPUBackend(d), _cuda(d)
+    tok = Tokenizer.from_dir(d)
+    cpu, gpu = CPUBackend(d), _cuda(d)
+    prompt = _prompt(tok)
+    table = resolve_table("bf16", cpu.args.num_hidden_layers)
+    seq = prompt + generate(cpu, tok, prompt, table=table, max_new_tokens=24).tokens
+    hf32, hf16 = _hf(d, seq, len(prompt))
+    ref = {"seq": seq, "n": len(prompt), "e_ref": _maxdiff(hf16, hf32), "hf32": hf32,
+           "cpu_bf16": _teacher_forced(cpu, table, seq, len(prompt))}
+    return d, tok, cpu, gpu, ref
 
 
 @pytest.mark.parametrize("name", TABLES + ("kv_table_mixed.json",))
-def test_bundled_greedy_equals_cpu(bundled, name):
-    d, tok, cpu, gpu = bundled
+def test_bundled_equals_cpu(bundled, name):
+    d, tok, cpu, gpu, ref = bundled
     table = resolve_table(str(EXAMPLES / name) if name.endswith(".json") else name, cpu.args.num_hidden_layers, d)
-    prompt = _prompt(tok)
+    prompt = ref["seq"][:ref["n"]]
     a = generate(cpu, tok, prompt, table=table, max_new_tokens=24)
     b = generate(gpu, tok, prompt, table=table, max_new_tokens=24)
-    seq = prompt + a.tokens
-    lc = _teacher_forced(cpu, table, seq, len(prompt))
-    lg = _teacher_forced(gpu, table, seq, len(prompt))
-    diff = float(np.abs(lc - lg).max())
-    print(f"\n{name}: CPU {a.text!r} CUDA {b.text!r}; logits max-abs diff {diff:.3g} (std {lc.std():.2f})")
-    assert diff < LOGIT_BOUND * lc.std()
+    lc = _teacher_forced(cpu, table, ref["seq"], ref["n"])
+    lg = _teacher_forced(gpu, table, ref["seq"], ref["n"])
+    diff, own = _maxdiff(lc, lg), _maxdiff(lc, ref["cpu_bf16"])
+    print(f"\n{name}: CPU {a.text!r} CUDA {b.text!r}; CUDA-CPU logits max-abs {diff:.3g}, e_ref {ref['e_ref']:.3g}, "
+          f"table vs bf16 KV on the CPU {own:.3g} (std {lc.std():.2f})")
+    assert diff <= 2 * (ref["e_ref"] + own)
     assert a.tokens == b.tokens
 
 
+def test_bundled_matches_hf_on_cuda(bundled):
+    """bf16 KV: within 2 e_ref of HF float32 on the GPU, same greedy choices where they are clear."""
+    d, tok, cpu, gpu, ref = bundled
+    lg = _teacher_forced(gpu, resolve_table("bf16", cpu.args.num_hidden_layers), ref["seq"], ref["n"])
+    diff = _maxdiff(lg, ref["hf32"])
+    n = _argmax_agree(ref["hf32"], lg, diff)
+    print(f"\nHF on CUDA: logits max-abs diff {diff:.3g}, e_ref {ref['e_ref']:.3g}; argmax compared at {n}/{len(lg)}")
+    assert diff <= 2 * ref["e_ref"]
+    assert n >= len(lg) // 2
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
-@pytest.mark.parametrize("name", TABLES)
-def test_random_checkpoints_close_to_cpu(tmp_path, arch, name):
+def test_random_checkpoints_match_cpu_and_hf(tmp_path, arch):
     d = make_checkpoint(tmp_path / arch, arch, bf16=True, hidden=128, heads=4, kv_heads=2, head_dim=64,
                         layers=2, intermediate=192)
     cpu, gpu = CPUBackend(d), _cuda(d)
-    table = resolve_table(name, cpu.args.num_hidden_layers)
     seq = [int(t) for t in np.random.default_rng(3).integers(0, 320, 150)]  # 3 pages; 20 decode steps
-    lc, lg = _teacher_forced(cpu, table, seq, 130), _teacher_forced(gpu, table, seq, 130)
-    diff = float(np.abs(lc - lg).max())
-    msg = f"\n{arch} {name}: vs CPU logits max-abs diff {diff:.3g} (std {lc.std():.2f})"
-    if name == "bf16":  # and against HF transformers on the GPU (fp32 compute, the same bf16 weights)
-        torch = pytest.importorskip("torch")
-        transformers = pytest.importorskip("transformers")
-        hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
-        with torch.no_grad():
-            ref = hf.cuda().eval()(torch.tensor([seq]).cuda()).logits[0, 129:-1].float().cpu().numpy()
-        hf_diff = float(np.abs(lg - ref).max())
-        msg += f"; vs HF on CUDA {hf_diff:.3g}"
-        assert hf_diff < LOGIT_BOUND * ref.std()
-    print(msg)
-    assert diff < LOGIT_BOUND * lc.std()
+    n_prompt = 130
+    hf32, hf16 = _hf(d, seq, n_prompt)
+    e_ref = _maxdiff(hf16, hf32)
+    cpu_bf16 = None
+    for name in TABLES:
+        table = resolve_table(name, cpu.args.num_hidden_layers)
+        lc, lg = _teacher_forced(cpu, table, seq, n_prompt), _teacher_forced(gpu, table, seq, n_prompt)
+        cpu_bf16 = lc if cpu_bf16 is None else cpu_bf16
+        diff, own = _maxdiff(lc, lg), _maxdiff(lc, cpu_bf16)
+        msg = f"\n{arch} {name}: CUDA-CPU {diff:.3g}, table vs bf16 on the CPU {own:.3g}, e_ref {e_ref:.3g}"
+        if name == "bf16":
+            hf_diff = _maxdiff(lg, hf32)
+            msg += f", CUDA-HF32 {hf_diff:.3g}, argmax compared at {_argmax_agree(hf32, lg, hf_diff)}/{len(lg)}"
+            assert hf_diff <= 2 * e_ref
+        print(msg)
+        assert diff <= 2 * (e_ref + own)
+        _argmax_agree(lc, lg, diff)
 
 
 def test_graph_replay_equals_eager_and_trim(bundled):
     """Captured decode steps give bit-identical logits to the same steps launched one by one; trim
     rolls the cache back so a replayed step reproduces the logits it gave the first time."""
-    d, tok, cpu, gpu = bundled
+    d, tok, cpu, gpu, ref = bundled
     eager = _cuda(d, graphs=False)
     table = resolve_table("nvfp4", cpu.args.num_hidden_layers)
     seq = _prompt(tok, 200) + list(range(100, 140))
@@ -121,48 +159,28 @@ def test_graph_replay_equals_eager_and_trim(bundled):
 
 
 def test_cached_decode_equals_uncached(bundled):
-    d, tok, cpu, gpu = bundled
+    d, tok, cpu, gpu, ref = bundled
     table = resolve_table("bf16", cpu.args.num_hidden_layers)
     seq = _prompt(tok, 100)
     full = gpu.forward(np.array(seq), gpu.new_cache(table, len(seq)), all_logits=True)
     step = _teacher_forced(gpu, table, seq + [0], 60)
-    np.testing.assert_allclose(step, full[59:], atol=LOGIT_BOUND * full.std() / 5)
+    np.testing.assert_allclose(step, full[59:], atol=ref["e_ref"])
 
 
 def test_device_cache_pages_match_cpu_codec(bundled):
-    """The pages the CUDA backend wrote hold the same K/V (within the bf16 GEMM-input rounding) as
-    the CPU backend's, for every format: same layout, same block table semantics."""
-    d, tok, cpu, gpu = bundled
-    seq = _prompt(tok, 130)
+    """The pages the CUDA backend wrote decode to K/V as close to the CPU's bf16-KV cache as the
+    CPU's own pages of that format are (same layout, same block-table semantics)."""
+    d, tok, cpu, gpu, ref = bundled
+    seq = ref["seq"][:130]
+    bf16 = cpu.new_cache(resolve_table("bf16", cpu.args.num_hidden_layers), 130)
+    cpu.forward(np.array(seq), bf16)
     for name in ("bf16", "int8", "nvfp4"):
         table = resolve_table(name, cpu.args.num_hidden_layers)
         cc, gc = cpu.new_cache(table, 130), gpu.new_cache(table, 130)
         cpu.forward(np.array(seq), cc)
         gpu.forward(np.array(seq), gc)
-        for layer in (0, cpu.args.num_hidden_layers - 1):
-            for x, y in zip(cc.dense(layer), gc.dense(layer)):
-                # relative RMS: a value near a code boundary may take the other code (one step)
-                rel = np.linalg.norm(x - y) / np.linalg.norm(x)
-                assert rel < {"bf16": 0.01, "int8": 0.02, "nvfp4": 0.1}[name], (name, layer, rel)
-
-
-def test_hf_transformers_greedy_on_cuda(bundled):
-    """HF transformers (fp32 compute on the bundled model's bf16 weights) vs the CUDA backend."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    d, tok, cpu, gpu = bundled
-    prompt = tok.encode("The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is")
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="sdpa")
-    hf_model = hf_model.cuda().eval()
-    with torch.no_grad():
-        hf = hf_model.generate(torch.tensor([prompt]).cuda(), max_new_tokens=32, min_new_tokens=32,
-                               do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-        ref = hf_model(torch.tensor([prompt + hf]).cuda()).logits[0].float().cpu().numpy()
-    table = resolve_table("bf16", cpu.args.num_hidden_layers)
-    ours = _teacher_forced(gpu, table, prompt + hf, len(prompt))
-    diff = float(np.abs(ours - ref[len(prompt) - 1:-1]).max())
-    got = generate(gpu, tok, prompt, table=table, max_new_tokens=32).tokens
-    n = _agree_until_near_tie(ref[len(prompt) - 1:], got, hf, diff)
-    print(f"\nHF on CUDA: logits max-abs diff {diff:.3g} (std {ref.std():.2f}); greedy identical for {n}/32 tokens")
-    assert diff < LOGIT_BOUND * ref.std()
-    assert n >= 16
+        for layer in range(cpu.args.num_hidden_layers):
+            for x, y, z in zip(bf16.dense(layer), cc.dense(layer), gc.dense(layer)):
+                own = np.linalg.norm(y - x) / np.linalg.norm(x)  # relative RMS error of the format
+                got = np.linalg.norm(z - x) / np.linalg.norm(x)
+                assert got <= 1.25 * own + 0.01, (name, layer, own, got)
