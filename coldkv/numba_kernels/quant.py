@@ -426,6 +426,7 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid-stride: ~2 waves of resident warps on an H200 (132 SMs x 64 warps)
+_DQ_STEPS = 4  # dequant: 4-value steps per lane per iteration (loads issued together)
 _RQ_KEEP = 16  # requant: group maxima a lane keeps from pass 1 (P * D <= 32768 for all)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
@@ -666,88 +667,60 @@ def _int8_word(v, k, inv):
 def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
     """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. A warp per page.
 
-    Step k (0..3) of an iteration: lane owns values q = base + 128 k .. q + 3 of the page (flat
-    [P * D], base = 512 i + 4 lane); their codes are one uint16 (4-bit), uint32 (int8) or uint64
-    (bf16) word. The code words of the next iteration are loaded before this one is decoded, so a
-    warp always has loads in flight (the kernel is latency bound otherwise: its loads are small).
+    Step k of an iteration: lane owns values q = base + 128 k + 4 lane .. q + 3 of the page (flat
+    [P * D]); their codes are one uint16 (4-bit), uint32 (int8) or uint64 (bf16) word.
     """
     n, P, D = out.shape
     lane = cuda.threadIdx.x & 31
     ld = _log2(D)
     pd = P * D
-    cv = (codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64))
+    gsh = 6 if fmt_id == 4 else 4
+    c16, c32, c64 = codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64)
+    words = cuda.local.array(_DQ_STEPS, np.int64)
+    svals = cuda.local.array(_DQ_STEPS, np.float32)
     gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
     nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
     for j in range(gw, n, nw):
         page = pages[j]
-        g = np.float32(gs[j])
-        base = 4 * lane
-        nxt = _dq_load(fmt_id, cv, scales, page, base, pd, ld)
-        while base < pd:
-            w, sc = nxt
-            if base + 512 < pd:
-                nxt = _dq_load(fmt_id, cv, scales, page, base + 512, pd, ld)
-            _dq_store(fmt_id, out, j, base, pd, ld, w[0], sc[0], g)
-            _dq_store(fmt_id, out, j, base + 128, pd, ld, w[1], sc[1], g)
-            _dq_store(fmt_id, out, j, base + 256, pd, ld, w[2], sc[2], g)
-            _dq_store(fmt_id, out, j, base + 384, pd, ld, w[3], sc[3], g)
-            base += 512
-
-
-@cuda.jit(device=True)
-def _dq_word(fmt, c16, c32, c64, scales, page, q, pd, ld):
-    """(code word, scale) of the 4 values q .. q+3 of a page ((0, 0) past its end): the row scale
-    (int8) or the decoded E4M3 scale of their group (4-bit)."""
-    if q >= pd:
-        return np.int64(0), np.float32(0.0)
-    t, c = q >> ld, q & ((1 << ld) - 1)
-    if fmt == 0:
-        return np.int64(c64[page, t, c >> 2]), np.float32(0.0)
-    if fmt == 1:
-        return np.int64(c32[page, t, c >> 2]), np.float32(scales[page, t, 0])
-    sb = scales[page, t, c >> (6 if fmt == 4 else 4)]
-    return np.int64(c16[page, t, c >> 2]), e4m3_dec(np.int64(sb))
-
-
-@cuda.jit(device=True)
-def _dq_load(fmt, cv, scales, page, base, pd, ld):
-    """Code words and scales of the 4 steps of an iteration (cv: the uint16/32/64 code views)."""
-    w0, s0 = _dq_word(fmt, cv[0], cv[1], cv[2], scales, page, base, pd, ld)
-    w1, s1 = _dq_word(fmt, cv[0], cv[1], cv[2], scales, page, base + 128, pd, ld)
-    w2, s2 = _dq_word(fmt, cv[0], cv[1], cv[2], scales, page, base + 256, pd, ld)
-    w3, s3 = _dq_word(fmt, cv[0], cv[1], cv[2], scales, page, base + 384, pd, ld)
-    return (w0, w1, w2, w3), (s0, s1, s2, s3)
-
-
-@cuda.jit(device=True)
-def _dq_store(fmt, out, j, q, pd, ld, w, s, g):
-    """Decode the 4 values of word w (scale s) into out[j] at flat position q, if on the page."""
-    if q >= pd:
-        return
-    t, c = q >> ld, q & ((1 << ld) - 1)
-    if fmt == 0:
-        _st4(out, (j, t, c), (bf16_dec(w & 0xFFFF), bf16_dec((w >> 16) & 0xFFFF),
-                              bf16_dec((w >> 32) & 0xFFFF), bf16_dec((w >> 48) & 0xFFFF)))
-    elif fmt == 1:
-        _st4(out, (j, t, c), (_int8_val(w, 0, s), _int8_val(w, 1, s), _int8_val(w, 2, s), _int8_val(w, 3, s)))
-    else:
-        d = s / g  # the group's step s / g
-        _st4(out, (j, t, c), (_decode_nibble(fmt, w & 15, d), _decode_nibble(fmt, (w >> 4) & 15, d),
-                              _decode_nibble(fmt, (w >> 8) & 15, d), _decode_nibble(fmt, (w >> 12) & 15, d)))
-
-
-@register_jitable
-def _int8_code_f32(b):
-    """int8 code (its byte b, 0..255) as float32 without an int->float convert (numba's is 64-bit,
-    a slow multi-instruction conversion on the GPU): 2^23 + 128 + code has the biased code in its
-    low bits, and the subtraction is exact."""
-    return bits_f32(0x4B000000 | ((b & 0xFF) ^ 0x80)) - np.float32(8388736.0)
+        g = gs[j]
+        for base in range(4 * lane, pd, 128 * _DQ_STEPS):
+            for k in range(_DQ_STEPS):  # all loads of the iteration first: bytes in flight
+                q = base + 128 * k
+                if q < pd:
+                    t, c = q >> ld, q & (D - 1)
+                    if fmt_id == 0:
+                        words[k] = np.int64(c64[page, t, c >> 2])
+                    elif fmt_id == 1:
+                        words[k] = np.int64(c32[page, t, c >> 2])
+                        svals[k] = scales[page, t, 0]
+                    else:
+                        words[k] = np.int64(c16[page, t, c >> 2])
+                        svals[k] = e4m3_dec(np.int64(scales[page, t, c >> gsh]))
+            for k in range(_DQ_STEPS):
+                q = base + 128 * k
+                if q < pd:
+                    t, c = q >> ld, q & (D - 1)
+                    w = words[k]
+                    if fmt_id == 0:
+                        _st4(out, (j, t, c), (bf16_dec(w & 0xFFFF), bf16_dec((w >> 16) & 0xFFFF),
+                                              bf16_dec((w >> 32) & 0xFFFF), bf16_dec((w >> 48) & 0xFFFF)))
+                    elif fmt_id == 1:
+                        s = np.float32(svals[k])
+                        _st4(out, (j, t, c), (_int8_val(w, 0, s), _int8_val(w, 1, s),
+                                              _int8_val(w, 2, s), _int8_val(w, 3, s)))
+                    else:
+                        d = svals[k] / np.float32(g)  # the group's step s / g
+                        _st4(out, (j, t, c), (_decode_nibble(fmt_id, w & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 4) & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 8) & 15, d),
+                                              _decode_nibble(fmt_id, (w >> 12) & 15, d)))
 
 
 @cuda.jit(device=True)
 def _int8_val(w, k, s):
-    """Byte k of w as an int8 code, times the row scale s (as np.float32(code) * s)."""
-    return _canon_nan(_int8_code_f32(w >> (8 * k)) * s)
+    """Byte k of w as an int8 code, times the row scale s."""
+    b = (w >> (8 * k)) & 0xFF
+    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
 
 
 # PRMT (byte permute): result byte i = byte (sel >> 4 i) & 7 of the 8 bytes hi:lo. The requant
@@ -785,7 +758,8 @@ def _rq_val(fmt, w, i, s):
     uses 4), row scale s (int8)."""
     if fmt == 0:
         return bf16_dec(np.int64(w[i >> 1]) >> (16 * (i & 1)))
-    return _canon_nan(_int8_code_f32(np.int64(w[i >> 2]) >> (8 * (i & 3))) * s)
+    b = (np.int64(w[i >> 2]) >> (8 * (i & 3))) & 0xFF
+    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
 
 
 @cuda.jit(device=True)
@@ -833,41 +807,24 @@ def _rq_encode(lo, hi, w, d, r):
 
 
 @cuda.jit(device=True)
-def _rq_raw4(fmt, c32, scales, page, u, ng, ld):
-    """4-bit source, 64-value unit u of a page (row t, columns c .. c+63): (8 code words, the scale
-    bytes of its four 16-value quarters; the same byte 4 times for c4g64); zeros past the page."""
-    z = np.uint32(0)
-    if u >= ng:
-        return (z, z, z, z, z, z, z, z), (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-    t, c = u >> (ld - 6), (u << 6) & ((1 << ld) - 1)
+def _rq_src4(fmt, c32, scales, page, t, c, g):
+    """4-bit source, the 64 values of row t from column c: (8 code words, the steps of the four
+    16-value quarters; all four equal for c4g64, one source group)."""
     w = _ld4(c32, (page, t, c >> 3)) + _ld4(c32, (page, t, (c >> 3) + 4))
     if fmt == 4:
-        sb = np.int64(scales[page, t, c >> 6])
-        return w, (sb, sb, sb, sb)
-    q = c >> 4
-    return w, (np.int64(scales[page, t, q]), np.int64(scales[page, t, q + 1]),
-               np.int64(scales[page, t, q + 2]), np.int64(scales[page, t, q + 3]))
+        d0 = e4m3_dec(np.int64(scales[page, t, c >> 6])) / g
+        return w, (d0, d0, d0, d0)
+    q0 = c >> 4
+    return w, (e4m3_dec(np.int64(scales[page, t, q0])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 1])) / g,
+               e4m3_dec(np.int64(scales[page, t, q0 + 2])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 3])) / g)
 
 
 @cuda.jit(device=True)
-def _rq_steps(fmt, sbt, g):
-    """Steps s / g of the four quarters (one division for c4g64: one source group)."""
-    d0 = e4m3_dec(sbt[0]) / g
-    if fmt == 4:
-        return d0, d0, d0, d0
-    return d0, e4m3_dec(sbt[1]) / g, e4m3_dec(sbt[2]) / g, e4m3_dec(sbt[3]) / g
-
-
-@cuda.jit(device=True)
-def _rq_raw16(fmt, c32, scales, page, u, nu, ld):
-    """bf16 / int8 source, 16-value unit u of a page: (8 code words (int8: 4 and zeros), int8 row
-    scale); zeros past the page."""
-    z = np.uint32(0)
-    if u >= nu:
-        return (z, z, z, z, z, z, z, z), np.float32(0.0)
-    t, c = u >> (ld - 4), (u << 4) & ((1 << ld) - 1)
+def _rq_src16(fmt, c32, scales, page, t, c):
+    """bf16 / int8 source, the 16 values of row t from column c: (8 code words, int8 row scale)."""
     if fmt == 0:
         return _ld4(c32, (page, t, c >> 1)) + _ld4(c32, (page, t, (c >> 1) + 4)), np.float32(0.0)
+    z = np.uint32(0)
     return _ld4(c32, (page, t, c >> 2)) + (z, z, z, z), np.float32(scales[page, t, 0])
 
 
@@ -904,12 +861,9 @@ def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales
         amax = np.float32(0.0)
         # ------------------------------------------------------------------ pass 1: page amax
         if fmt_id >= 2:
-            u = lane
-            nxt = _rq_raw4(fmt_id, c32, scales, page, u, ng, ld)
-            while u < ng:
-                w, sbt = nxt
-                nxt = _rq_raw4(fmt_id, c32, scales, page, u + 32, ng, ld)  # in flight during this unit
-                d = _rq_steps(fmt_id, sbt, g)
+            for u in range(lane, ng, 32):
+                t, c = u >> (ld - 6), (u << 6) & (D - 1)
+                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
                 gm, amax = _rq_pass1(fmt_id, w[0], w[1], d[0], np.float32(0.0), amax)
                 gm, amax = _rq_pass1(fmt_id, w[2], w[3], d[1], gm, amax)
                 gm, amax = _rq_pass1(fmt_id, w[4], w[5], d[2], gm, amax)
@@ -917,18 +871,14 @@ def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales
                 i = u >> 5
                 if i < _RQ_KEEP:
                     keep[i] = gm
-                u += 32
         else:
-            u = lane
-            nxt = _rq_raw16(fmt_id, c32, scales, page, u, nu, ld)
-            while u < nu:
-                w, s = nxt
-                nxt = _rq_raw16(fmt_id, c32, scales, page, u + 32, nu, ld)
+            for u in range(lane, nu, 32):
+                t, c = u >> (ld - 4), (u << 4) & (D - 1)
+                w, s = _rq_src16(fmt_id, c32, scales, page, t, c)
                 for i in range(16):
                     a = abs(_rq_val(fmt_id, w, i, s))
                     if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
                         amax = a
-                u += 32
         for sh in (16, 8, 4, 2, 1):
             amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
         g2 = global_scale_for(amax)
@@ -936,13 +886,9 @@ def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales
             out_g[j] = g2
         # ------------------------------------------------------------------ pass 2: encode
         if fmt_id >= 2:
-            u = lane
-            nxt = _rq_raw4(fmt_id, c32, scales, page, u, ng, ld)
-            while u < ng:
+            for u in range(lane, ng, 32):
                 t, c = u >> (ld - 6), (u << 6) & (D - 1)
-                w, sbt = nxt
-                nxt = _rq_raw4(fmt_id, c32, scales, page, u + 32, ng, ld)
-                d = _rq_steps(fmt_id, sbt, g)
+                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
                 i = u >> 5
                 if i < _RQ_KEEP:
                     gm = keep[i]
@@ -971,17 +917,13 @@ def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales
                     _st4(o32, (j, t, c >> 3), (o0, o1, o2, o3))
                     _st4(o32, (j, t, (c >> 3) + 4), (o4, o5, o6, o7))
                 out_scales[j, t, c >> 6] = sb
-                u += 32
         else:
-            base = 0
-            nxt = _rq_raw16(fmt_id, c32, scales, page, lane, nu, ld)
-            while base < nu:  # warp-uniform trip count: every lane shuffles
+            for base in range(0, nu, 32):  # warp-uniform trip count: every lane shuffles
                 u = base + lane
                 live = u < nu  # P * D is a multiple of 64: a 64-group is all live or all not
                 t, c = u >> (ld - 4), (u << 4) & (D - 1)
                 m = 0
-                w, s = nxt
-                nxt = _rq_raw16(fmt_id, c32, scales, page, u + 32, nu, ld)
+                w, s = _rq_src16(fmt_id, c32, scales, page, t if live else 0, c)  # page row 0 when not live
                 if live:
                     for i in range(16):
                         m = max(m, _absbits(_rq_val(fmt_id, w, i, s)))
@@ -997,7 +939,6 @@ def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales
                     _st2(o32, (j, t, c >> 3), (lo, hi))
                     if (c & 63) == 0:
                         out_scales[j, t, c >> 6] = sb
-                base += 32
 
 
 # Device functions for other kernels (attention): decode one value, or a chunk into a local array.
@@ -1011,20 +952,9 @@ def _check_head_dim(head_dim: int) -> None:
         raise ValueError(f"CUDA codec kernels need head_dim a power of two in 64..512, got {head_dim}")
 
 
-_RESIDENT: dict = {}
-
-
-def _grid(kernel, units: int) -> int:
-    """Blocks for `units` warp work units: at most as many as the device holds at once (a
-    persistent grid; grid-stride loops take the rest), so no partly filled last wave of blocks
-    idles the GPU. Residency comes from the occupancy API once the kernel is compiled."""
-    blocks = math.ceil(units / _WARPS)
-    if config.ENABLE_CUDASIM or not kernel.overloads:  # first launch compiles: a fixed cap
-        return min(blocks, _MAX_BLOCKS)
-    key = (kernel, len(kernel.overloads))
-    if key not in _RESIDENT:
-        _RESIDENT[key] = min(k.max_cooperative_grid_blocks(32 * _WARPS) for k in kernel.overloads.values())
-    return max(1, min(blocks, _RESIDENT[key]))
+def _grid(units: int) -> int:
+    """Blocks for `units` warp work units (grid-stride loops take any excess)."""
+    return min(_MAX_BLOCKS, math.ceil(units / _WARPS))
 
 
 def _check_vec(*arrays) -> None:
@@ -1042,7 +972,7 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     _check_vec(x, codes)
     units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if units:
-        append_cuda[_grid(append_cuda, units), 32 * _WARPS, stream](fmt_id, x, pos0, table, codes, scales, gscale)
+        append_cuda[_grid(units), 32 * _WARPS, stream](fmt_id, x, pos0, table, codes, scales, gscale)
 
 
 def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
@@ -1050,14 +980,14 @@ def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
     _check_head_dim(D)
     _check_vec(codes, out)
     if n * P:
-        dequant_pages_cuda[_grid(dequant_pages_cuda, n), 32 * _WARPS, stream](fmt_id, codes, scales, pages, gs, out)
+        dequant_pages_cuda[_grid(n), 32 * _WARPS, stream](fmt_id, codes, scales, pages, gs, out)
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
     _check_head_dim(out_codes.shape[2] * 2)
     _check_vec(codes, out_codes)
     if pages.shape[0] and codes.shape[1]:
-        requant_c4g64_cuda[_grid(requant_c4g64_cuda, pages.shape[0]), 32 * _WARPS, stream](
+        requant_c4g64_cuda[_grid(pages.shape[0]), 32 * _WARPS, stream](
             fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
