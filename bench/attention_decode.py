@@ -10,14 +10,18 @@ filled on the device with random codes and scales (random shuffled block table),
      torch code written here from the format definitions (an independent decoder);
   2. time coldkv (attention kernel + split reduction) and SDPA (`enable_gqa=True`) on bf16 K/V
      of the same shape: CUDA events around each call, an L2 flush (1 GiB fill) before each, the
-     median of --repeats after warm-up. The flush also hides Python launch time (the GPU is busy
-     with it while the launches are enqueued); `enqueue_us` reports the CPU time of a call.
+     median of --repeats after warm-up. The flush is meant to hide Python launch time (the GPU is
+     busy with it while the launches are enqueued), but only up to the flush's ~250 us:
+     `enqueue_us` reports the CPU time of a call, and where it is larger the GPU waited for the
+     launch inside the timed interval. So each row is also timed as a CUDA-graph replay of the
+     same call (device-position mode, `coldkv_graph_us`), which has no Python in it.
   3. copy bandwidth in the same run: torch d2d copy and a Numba copy kernel, 1 GiB.
 
 Napkin math (bytes per token per kv head, K + V, d=128): bf16 512; int8 2*(128+4) = 264;
 nvfp4/iso3 2*(64+8) = 144. At 131072 tokens x 8 kv heads: bf16 537 MB, int8 277 MB, nvfp4 151 MB;
 at a copy bandwidth of ~4 TB/s: 134 / 69 / 38 us. `frac_copy_bw` = (KV bytes / coldkv time) /
-torch copy bandwidth. Compute: G FMAs per K value and per V value (fp32, no tensor cores).
+torch copy bandwidth. Compute: G multiply-adds per K value and per V value, on tensor cores
+(mma.sync) by default, fp32 CUDA cores in the `@fma` rows.
 """
 from __future__ import annotations
 
@@ -48,11 +52,13 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
            "iso3": (Q.ISO3, Q.ISO3), "nvfp4/iso3": (Q.NVFP4, Q.ISO3)}
 # The default rows run kernel="auto" (the tensor-core kernel, attention_mma). Variants, at
 # --variant-contexts on the first shape: "@fma" the fp32 CUDA-core kernel (the previous default,
-# before/after in the same run), "@t4" 32-token chunks (NT = 4 tiles) instead of 16, "@r128" the
-# tensor-core kernel capped at 128 registers (4 blocks/SM).
+# before/after in the same run), "@t2" the untuned tensor-core kernel (16-token chunks, no register
+# cap), "@t4" 32-token chunks, "@r128" capped at 128 registers (4 blocks/SM), "@u64" uint64 indices.
 VARIANTS = {f"{f}@{v}": (f, kw) for f in ("nvfp4", "int8", "bf16")
-            for v, kw in [("fma", {"kernel": "fma"}), ("t4", {"kernel": "mma", "mma_tiles": 4}),
-                          ("r128", {"kernel": "mma", "max_registers": 128})]}
+            for v, kw in [("fma", {"kernel": "fma"}), ("t2", {"kernel": "mma", "mma_tiles": 2}),
+                          ("t4", {"kernel": "mma", "mma_tiles": 4}),
+                          ("r128", {"kernel": "mma", "max_registers": 128}),
+                          ("u64", {"kernel": "mma", "mma_u64": True})]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
@@ -138,6 +144,41 @@ class Case:
                      self.vf, ca(self.pools_t[1][0]), ca(self.pools_t[1][1]),
                      ca(self.gscale_t), ca(table)]
         self.ws = A.AttentionWorkspace(4096, 1, Hq, D)
+
+    def graph(self):
+        """The same call captured once in a CUDA graph in device-position mode (pos0 an int32[1]
+        device array, plan_len = L): (stream, replay function, destroy function). Replays time the
+        GPU work without the Python launch cost (a decode step is replayed as one graph)."""
+        from cuda.bindings import driver as cu
+
+        def ok(res):
+            if res[0] != cu.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"CUDA driver error {res[0]}")
+            return res[1] if len(res) > 1 else None
+
+        torch = self.torch
+        s = torch.cuda.Stream()
+        nb = cuda.external_stream(s.cuda_stream)
+        self.pos_dev = cuda.to_device(np.array([self.L - 1], np.int32))
+        args = list(self.args)
+        args[2] = self.pos_dev
+
+        def launch():
+            A.paged_attention_cuda(*args, self.ws, stream=nb, plan_len=self.L, **self.kw)
+
+        launch()  # compiles the device-position kernel outside the capture
+        s.synchronize()
+        h = cu.CUstream(s.cuda_stream)
+        ok(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+        launch()
+        g = ok(cu.cuStreamEndCapture(h))
+        gx = ok(cu.cuGraphInstantiate(g, 0))
+
+        def destroy():
+            cu.cuGraphExecDestroy(gx)
+            cu.cuGraphDestroy(g)
+
+        return s, lambda: ok(cu.cuGraphLaunch(gx, h)), destroy
 
     def kv_bytes(self):
         per_tok = sum((c.element_size() * c[0, 0].numel() + s.element_size() * s[0, 0].numel())
@@ -331,10 +372,26 @@ def main():
                     rec["kernel"] = "mma" if c.mma else "fma"
                     rec["max_abs_err"], rec["ref_max"] = err, scale
                     rec["max_bound"] = 1e-4 * max(scale, 1.0) + float(extra.max())
-                    rec["valid"] = bool(torch.isfinite(got).all()) and bool(
-                        ((got - ref).abs() <= 1e-4 * max(scale, 1.0) + extra).all())
-                    del ref, got, extra
+                    tol = 1e-4 * max(scale, 1.0) + extra
+                    rec["valid"] = bool(torch.isfinite(got).all()) and bool(((got - ref).abs() <= tol).all())
                     t, cpu = event_time(torch, c.run, flush, args.repeats)
+                    try:  # CUDA-graph replay: the GPU time without Python launch cost
+                        gs, replay, destroy = c.graph()
+                        try:
+                            with torch.cuda.stream(gs):
+                                c.out_t.fill_(float("nan"))
+                                replay()
+                                gs.synchronize()
+                                gout = c.result().double()
+                                rec["graph_valid"] = bool(torch.isfinite(gout).all()) and bool(
+                                    ((gout - ref).abs() <= tol).all())
+                                tg, _ = event_time(torch, replay, flush, args.repeats)
+                            rec.update({"coldkv_graph_us": tg, "speedup_graph": t_sdpa / tg})
+                        finally:
+                            destroy()
+                    except Exception as exc:
+                        rec["graph_error"] = repr(exc)
+                    del ref, got, extra, tol
                     b = c.kv_bytes()
                     rec.update({"coldkv_us": t, "enqueue_us": cpu, "kv_bytes": b, "coldkv_TBps": b / t / 1e6,
                                 "speedup": t_sdpa / t,

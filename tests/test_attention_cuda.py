@@ -93,13 +93,18 @@ def _round_bf16(x):
     return b.astype(np.uint32).view(np.float32)
 
 
+def _kernel_kw(kernel):
+    """Test names of the kernels -> paged_attention_cuda keywords ("mma_u64": uint64 indexing)."""
+    return {"kernel": "mma", "mma_u64": True} if kernel == "mma_u64" else {"kernel": kernel}
+
+
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
     """(ref, ref32, extra bound) for the kernel that `kernel` selects. The tensor-core kernel
     rounds q * sm_scale * log2(e) to fp16 (bf16 against bf16 K) and each p (times the V scale) to
     fp16 (bf16 against bf16 V): the reference uses the same q, and the p rounding adds at most
     eps * (P |V|) to each output (relative rounding of every p; 2x margin)."""
     T, Hq, D = q.shape
-    if not A._use_mma(kernel, kf, vf, Hq // kd.shape[1], D):
+    if not A._use_mma(_kernel_kw(kernel)["kernel"], kf, vf, Hq // kd.shape[1], D):
         return attention_reference(q, kd, vd, pos0, sm), dense_attention_f32(q, kd, vd, pos0, sm), 0.0
     qs = np.float32(sm * A._LOG2E)
     q16 = _round_bf16(q * qs) if kf == Q.BF16 else (q * qs).astype(np.float16).astype(np.float32)
@@ -123,7 +128,7 @@ def run_case(kf, vf, G, D, L, T=1, H=2, P=16, seed=0, ws=None, qscale=1.0, kerne
     (kc, ks), (vc, vs) = pools
     A.paged_attention_cuda(cuda.to_device(q), out, pos0, sm, kf, cuda.to_device(kc), cuda.to_device(ks),
                            vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
-                           cuda.to_device(table), ws, check_cold=False, kernel=kernel)
+                           cuda.to_device(table), ws, check_cold=False, **_kernel_kw(kernel))
     got = out.copy_to_host()
     return (got, *references(q, kd, vd, pos0, sm, kf, vf, kernel))
 
@@ -207,7 +212,7 @@ def _devpos_cases(kf, vf, G, D, L, H, P, positions, plan_len, ws, seed, kernel="
         for p in (pos_dev, pos):
             o = cuda.to_device(np.full((1, Hq, D), np.nan, np.float32))
             A.paged_attention_cuda(qd, o, p, sm, kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4], dev[5], ws,
-                                   plan_len=plan_len, kernel=kernel)
+                                   plan_len=plan_len, **_kernel_kw(kernel))
             got.append(o.copy_to_host())
         out.append((got[0], got[1], *references(q, kd[: pos + 1], vd[: pos + 1], pos, sm, kf, vf, kernel)))
     return out
@@ -280,7 +285,7 @@ def _sdpa(q, kd, vd, pos0, sm):
     return o[0].permute(1, 0, 2).cpu().numpy()
 
 
-KERNELS = ["fma", "mma"]
+KERNELS = ["fma", "mma", "mma_u64"]
 
 
 @pytest.mark.gpu
@@ -309,7 +314,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
     sm = 1 / math.sqrt(D)
     A.paged_attention_cuda(cuda.to_device(q), out, L - T, sm, kf, cuda.to_device(kc), cuda.to_device(ks), vf,
                            cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale), cuda.to_device(table), ws,
-                           kernel=kernel)
+                           **_kernel_kw(kernel))
     got = out.copy_to_host()
     ref, ref32, extra = references(q, kd, vd, L - T, sm, kf, vf, kernel)
     check(got, ref, ref32, extra)
@@ -330,7 +335,7 @@ def test_gpu_decode_vs_sdpa_long(kernel):
     sm = 1 / math.sqrt(D)
     A.paged_attention_cuda(cuda.to_device(q), out, L - 1, sm, Q.NVFP4, cuda.to_device(kc), cuda.to_device(ks),
                            Q.NVFP4, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
-                           cuda.to_device(table), ws, kernel=kernel)
+                           cuda.to_device(table), ws, **_kernel_kw(kernel))
     got = out.copy_to_host()
     ref, ref32, extra = references(q, kd, vd, L - 1, sm, Q.NVFP4, Q.NVFP4, kernel)
     check(got, ref, ref32, extra)
@@ -371,7 +376,7 @@ def test_gpu_device_position_cuda_graph(kernel):
 
     def launch():
         A.paged_attention_cuda(qd, out, pos_dev, sm, Q.INT8, dev[0], dev[1], Q.NVFP4, dev[2], dev[3], dev[4],
-                               dev[5], ws, stream=stream, plan_len=8192, kernel=kernel)
+                               dev[5], ws, stream=stream, plan_len=8192, **_kernel_kw(kernel))
 
     launch()  # compile and load outside the capture
     stream.synchronize()

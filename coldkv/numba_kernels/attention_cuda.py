@@ -539,6 +539,12 @@ def _cold_in_range(table, n_pages: int) -> bool:
     return bool((t[:, :, :n_pages] <= -2).any())
 
 
+# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers) where a measured variant beat the default:
+# H200, commit a077aa6, 131072 tokens, 32/8/128: nvfp4 default 452 us, @r128 188 us, @t4 213 us
+# (bench/results/attention_decode.json; docs/kernels.md discusses the default's outlier).
+_MMA_TUNED = {(NVFP4, NVFP4, 4, 128): (0, 128)}
+
+
 def _use_mma(kernel: str, kf, vf, G, D) -> bool:
     if kernel == "fma":
         return False
@@ -555,7 +561,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
-                         plan_len=None, kernel="auto", mma_tiles=0):
+                         plan_len=None, kernel="auto", mma_tiles=0, mma_u64=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -571,7 +577,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 
     kernel: "mma" the tensor-core kernel (attention_mma: q and P rounded to 16 bits, GPU only),
     "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
-    applies (a GPU, G <= 8). mma_tiles / max_registers: tuning knobs of the benchmark."""
+    applies (a GPU, G <= 8). mma_tiles / max_registers / mma_u64: tuning knobs of the benchmark
+    (attention_mma.get_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -599,7 +606,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if _use_mma(kernel, k_fmt, v_fmt, G, D):
         from coldkv.numba_kernels import attention_mma
 
-        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers)
+        if not mma_tiles and max_registers is None:
+            mma_tiles, max_registers = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None))
+        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:
