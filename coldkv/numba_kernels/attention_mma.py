@@ -158,12 +158,32 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     E4TAB = _E4M3_TAB
     read_pos = _pos_dev if devpos else _pos_int
     # Global/shared indices of the loop as int64 (measured default) or uint64: uint64 drops Numba's
-    # negative-index wraparound (compare + select per access); -11..-18% SASS, fewer registers
-    # (ptxas 13.0: nvfp4 188 -> 150). Not yet timed on the device.
+    # negative-index wraparound (compare + select per access): loop body -25% (nvfp4) to -48%
+    # (bf16) SASS, fewer registers (ptxas 13.0: nvfp4 188 -> 150). Not yet timed on the device.
     IX = np.uint64 if u64 else np.int64
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
+
+    @cuda.jit(device=True, inline=True)
+    def load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid):
+        """V code words (and scales) of the chunk: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each
+        16-token step (clamped to the page's last valid row), the words of this lane's dims."""
+        for v in range(NT2):
+            for i in range(4):
+                row = pv * P + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
+                for j in range(NS):
+                    if V4:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 2 * j + (gid >> 2))]
+                    elif vf == BF16:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
+                    else:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
+                if V4:
+                    for w in range(SW):
+                        vsc[v, i, w] = v_scales[IX(row * SW + w)]
+                elif vf == INT8:
+                    vrs[v, i] = v_scales[IX(row)]
 
     jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
 
@@ -310,22 +330,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     tok = c0 + 8 * u + 2 * tig
                     sv[u, 0] = s0 if tok < nval else _NEG_INF
                     sv[u, 1] = s1 if tok + 1 < nval else _NEG_INF
-                # ---------------- V loads: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each 16-token step
-                for v in range(NT2):
-                    for i in range(4):
-                        row = pv * P + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
-                        for j in range(NS):
-                            if V4:
-                                vreg[v, i, j] = v_words[IX(row * RWV + 2 * j + (gid >> 2))]
-                            elif vf == BF16:
-                                vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
-                            else:
-                                vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
-                        if V4:
-                            for w in range(SW):
-                                vsc[v, i, w] = v_scales[IX(row * SW + w)]
-                        elif vf == INT8:
-                            vrs[v, i] = v_scales[IX(row)]
+                # (ptxas schedules these after the K phase's MMAs even when the source issues them
+                # before it: overlapping the load latency needs the next chunk's loads, see docs)
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid)
                 # ---------------- softmax (row g = gid over its 4 lanes)
                 mx = _NEG_INF
                 for u in range(NT):
