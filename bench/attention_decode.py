@@ -170,8 +170,10 @@ class Case:
         s.synchronize()
         h = cu.CUstream(s.cuda_stream)
         ok(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        launch()
-        g = ok(cu.cuStreamEndCapture(h))
+        try:
+            launch()
+        finally:  # never leave the stream capturing
+            g = ok(cu.cuStreamEndCapture(h))
         gx = ok(cu.cuGraphInstantiate(g, 0))
 
         def destroy():
@@ -327,6 +329,7 @@ def main():
             try:
                 c = Case(torch, name, 200, Hq, H, D)
                 c.run()
+                c.graph()[2]()  # the device-position kernel of the graph rows
                 torch.cuda.synchronize()
             except Exception as exc:
                 doc["errors"].append(f"compile {name} {Hq}/{H}/{D}: {exc!r}")
@@ -397,6 +400,9 @@ def main():
                                 "speedup": t_sdpa / t,
                                 "frac_copy_bw": b / t / 1e6 / doc["copy"]["torch_copy_TBps"],
                                 "splits": A.plan_splits(1, H, L, P, c.ws.n_sm, c.ws.max_splits)})
+                    if "coldkv_graph_us" in rec:
+                        tg = rec["coldkv_graph_us"]
+                        rec["frac_copy_bw_graph"] = b / tg / 1e6 / doc["copy"]["torch_copy_TBps"]
                     c.free()
                     del c
                 except Exception as exc:
