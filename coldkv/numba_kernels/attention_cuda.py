@@ -624,10 +624,12 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 _SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint8", ISO3: "uint8"}
 
 
-def _kernel_sig(kf, vf, devpos=False):
+def kernel_sig(kf, vf, devpos=False, scale_t=_SCALE_T):
+    """The attention kernels' signature (this file's and attention_mma's, which reads the 4-bit
+    scales as uint32 words: its own scale_t)."""
     pos = "int32[::1]" if devpos else "int64"
-    return (f"void(float32[:,:,::1], {pos}, float32, int64, uint32[::1], {_SCALE_T[kf]}[::1], "
-            f"uint32[::1], {_SCALE_T[vf]}[::1], float32[:,::1], int32[:,:,::1], "
+    return (f"void(float32[:,:,::1], {pos}, float32, int64, uint32[::1], {scale_t[kf]}[::1], "
+            f"uint32[::1], {scale_t[vf]}[::1], float32[:,::1], int32[:,:,::1], "
             "float32[:,:,:,::1], float32[:,:,:,::1])")
 
 
@@ -635,11 +637,11 @@ def _ptx_signatures():
     out = [(_reduce_kernel, "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1])")]
     for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
         for vf in SUPPORTED_FORMATS:
-            out.append((get_kernel(kf, vf, 4, 128), _kernel_sig(kf, vf)))
+            out.append((get_kernel(kf, vf, 4, 128), kernel_sig(kf, vf)))
     for kf, vf, G, D in [(NVFP4, NVFP4, 1, 64), (BF16, INT8, 6, 256), (INT8, ISO3, 8, 128),
                          (NVFP4, BF16, 6, 64)]:  # other lane layouts
-        out.append((get_kernel(kf, vf, G, D), _kernel_sig(kf, vf)))
-    out.append((get_kernel(NVFP4, NVFP4, 4, 128, devpos=True), _kernel_sig(NVFP4, NVFP4, True)))
+        out.append((get_kernel(kf, vf, G, D), kernel_sig(kf, vf)))
+    out.append((get_kernel(NVFP4, NVFP4, 4, 128, devpos=True), kernel_sig(NVFP4, NVFP4, True)))
     return out
 
 

@@ -37,6 +37,8 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.extending import intrinsic
 
+from coldkv.numba_kernels import attention_cuda
+from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4, ref_e4m3_decode
 
 NWARPS = 4
@@ -127,16 +129,6 @@ ldg4 = _ldg(4)
 # ------------------------------------------------------------------------------ the kernel
 def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
-
-
-@cuda.jit(device=True, inline=True)
-def _pos_int(pos):
-    return pos
-
-
-@cuda.jit(device=True, inline=True)
-def _pos_dev(pos):
-    return pos[0]
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = False):
@@ -456,10 +448,7 @@ _SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint32", ISO3: "uint32"}
 
 
 def kernel_sig(kf, vf, devpos=False):
-    pos = "int32[::1]" if devpos else "int64"
-    return (f"void(float32[:,:,::1], {pos}, float32, int64, uint32[::1], {_SCALE_T[kf]}[::1], "
-            f"uint32[::1], {_SCALE_T[vf]}[::1], float32[:,::1], int32[:,:,::1], "
-            "float32[:,:,:,::1], float32[:,:,:,::1])")
+    return attention_cuda.kernel_sig(kf, vf, devpos, _SCALE_T)
 
 
 def _ptx_signatures():
