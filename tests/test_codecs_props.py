@@ -80,7 +80,9 @@ def test_quantize_roundtrip_properties(x, fmt):
     amax = np.abs(x).max()
     # rounding to the nearest level may go up, but by less than one E2M1 step (6 vs 5) / E4M3 ulp
     assert np.abs(y).max() <= amax * 1.25
-    assert np.abs(y - x).max() <= amax * 0.5
+    # + an absolute floor: values below 1e-35 may decode to 0 (bf16's subnormals end at 9e-41;
+    # the 4-bit formats' global scale is 1 for amax < 1e-35, fp.global_scale_for)
+    assert np.abs(y - x).max() <= amax * 0.5 + 1e-35
     assert (np.sign(y) * np.sign(x) >= 0).all()  # never flips a sign
     assert p.equal(quantize(x, fmt))  # deterministic
     q = quantize(y, fmt, p.global_scale if FORMATS[fmt][4] else None)
