@@ -41,7 +41,7 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.fp import bits_f32
-from coldkv.numba_kernels.quant import BF16, FORMAT_IDS, INT8, ISO3, NVFP4, ref_e4m3_decode
+from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4, ref_e4m3_decode
 
 __all__ = ["SUPPORTED_FORMATS", "AttentionWorkspace", "paged_attention_cuda", "plan_splits",
            "lane_layout", "get_kernel", "PTX_SIGNATURES"]

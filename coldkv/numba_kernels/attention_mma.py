@@ -98,7 +98,7 @@ dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806
 
 def _ldg(n):
     """n consecutive 32-bit words arr[i .. i+n) in one ld.global.nc.v{n} (i * 4 bytes aligned to n * 4)."""
-    outs = ",".join(f"$%d" % i for i in range(n))
+    outs = ",".join("$%d" % i for i in range(n))
     ptx = f"ld.global.nc.v{n}.u32 {{{outs}}}, [${n}];" if n > 1 else "ld.global.nc.u32 $0, [$1];"
     cons = ",".join(["=r"] * n) + ",l"
 

@@ -8,7 +8,7 @@ GEMM is rounded once to bf16 (uint16 bits, round to nearest even) because cuBLAS
   rms_norm_kernel       h = bf16(x / rms(x) * w)                                [T, dim] u16
   qkv_rope_append_kernel  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
                         K/V quantized straight into the layer's pages (write_pages=1), or
-                        written as fp32 to kv_out (the chunk that calibrates the 4-bit scales)
+                        written as fp32 to kv_out (the first chunk, for the 4-bit scales)
   kv_gscale_kernel      second-level scale of each (K/V, head) from a chunk's max |x|
   swiglu_kernel         a = bf16(silu(gate) * up)                               [T, inter] u16
   to_bf16_kernel, add_bias_kernel
@@ -30,7 +30,7 @@ ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain cons
 WARPS = 4  # warps per block of the per-(token, head) kernel
 MAX_HEAD_DIM = 256
 MAX_VPL = 8  # values per lane of a head row = MAX_HEAD_DIM // 32
-GSCALE_HEADROOM = np.float32(4.0)  # the same headroom as the CPU cache (kv_cache.GSCALE_HEADROOM)
+GSCALE_HEADROOM = np.float32(4.0)  # calibration: g = global_scale_for(4 max|x|), CPU cache too
 
 
 # ==================================================================================== references

@@ -48,6 +48,11 @@ class Backend(Protocol):
         """Raise PlanError if a cache of max_tokens with this table cannot fit."""
 
 
+def cublas_binding_installed() -> bool:
+    """nvmath-python, through which the CUDA backend calls cuBLAS (runtime/gemm.py)."""
+    return importlib.util.find_spec("nvmath") is not None
+
+
 def select_device(device: str) -> tuple[str, str | None]:
     """-> (backend name, a note for stderr or None). auto: the GPU when it can be used."""
     if device not in DEVICES:
@@ -61,7 +66,7 @@ def select_device(device: str) -> tuple[str, str | None]:
         return "cuda", None
     if not present:
         return "cpu", None
-    if importlib.util.find_spec("nvmath") is None:
+    if not cublas_binding_installed():
         return "cpu", ("a CUDA GPU is present but nvmath-python (the cuBLAS binding) is not installed: "
                        "pip install 'coldkv[cuda]'; running on the CPU")
     return "cuda", None
@@ -101,7 +106,7 @@ def gpu_summary() -> str:
         text = f"{name}, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"
     except Exception as exc:  # a driver that loads but cannot make a context
         return f"present but unusable ({exc})"
-    if importlib.util.find_spec("nvmath") is None:
+    if not cublas_binding_installed():
         text += "; nvmath-python not installed (pip install 'coldkv[cuda]'), so generate runs on the CPU"
     return text
 

@@ -24,7 +24,6 @@ from numba import cuda
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, paged_attention_cuda
-from coldkv.numba_kernels.quant import launch_append
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
 from coldkv.runtime.gemm import CublasGemm
@@ -86,9 +85,9 @@ class CUDABackend:
         self.sm_scale = float(a.head_dim) ** -0.5
         self._alloc_buffers()
         self._rope_rows = 0
-        self._graph: CapturedGraph | None = None
-        self._graph_cache: DevicePagedKVCache | None = None
-        self._warm_cache: DevicePagedKVCache | None = None
+        # (cache, its captured decode step or None until the second step): graphs hold the cache's
+        # pool and table addresses, so a new cache means a new capture
+        self._graph: tuple[DevicePagedKVCache, CapturedGraph | None] | None = None
 
     # -- buffers ------------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
@@ -101,16 +100,16 @@ class CUDABackend:
         self.qkv = dev((T, (nq + 2 * nkv) * hd), f32)
         self.q = dev((T, nq, hd), f32)
         self.o = dev((T, nq, hd), f32)
-        self.kv = dev((2, T, nkv, hd), f32)  # K/V of the chunk that calibrates the 4-bit scales
+        self.kv = dev((2, T, nkv, hd), f32)  # K/V of a layer's first chunk: the 4-bit scales' amax
         self.gu = dev((T, 2 * a.intermediate_size), f32)
         self.act16 = dev((T, a.intermediate_size), u16)
         self.logits = dev((1, a.vocab_size), f32)
         self.logits_all = None  # [T, vocab], made on the first all_logits call
+        self.logits_host = cuda.pinned_array((1, a.vocab_size), f32)
         self.tok_host = cuda.pinned_array(T, np.int32)
         self.tok = dev(T, np.int32)
         self.pos_host = cuda.pinned_array(1, np.int32)
         self.pos = dev(1, np.int32)  # the chunk's first position, read by kernels (graph-safe)
-        self.logits_host = cuda.pinned_array((T, a.vocab_size), f32)
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
 
@@ -121,7 +120,7 @@ class CUDABackend:
         cos, sin = self.rope.cos_sin(np.arange(rows))
         self.cos, self.sin = cuda.to_device(cos), cuda.to_device(sin)
         self._rope_rows = rows
-        self._graph = self._graph_cache = self._warm_cache = None  # a graph holds the old tables
+        self._graph = None  # a captured graph holds the old tables
 
     # -- Backend protocol ---------------------------------------------------------------------------
     def new_cache(self, table: KVTable, max_tokens: int) -> DevicePagedKVCache:
@@ -161,23 +160,24 @@ class CUDABackend:
         self.tok.copy_to_device(self.tok_host, stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
         if T == 1 and not all_logits and cache.calibrated.all():
-            # a decode step: device-resident position. The first one per cache runs eagerly (it
-            # compiles those kernel variants); the next is captured and later ones replay it.
-            if not self.graphs or self._warm_cache is not cache:
-                self._warm_cache = cache
-                out = self._step(1, None, cache, False)
-            else:
-                if self._graph_cache is not cache:
-                    self._graph = CapturedGraph(s, lambda: self._step(1, None, cache, False))
-                    self._graph_cache = cache
-                self._graph.launch()
-                out = self.logits
+            out = self._decode_step(cache)
         else:
             out = self._step(T, pos0, cache, all_logits)
-        n = out.shape[0]
-        out.copy_to_host(self.logits_host[:n], stream=s)
+        host = np.empty(out.shape, np.float32) if all_logits else self.logits_host
+        out.copy_to_host(host, stream=s)
         s.synchronize()
-        return self.logits_host[:n].copy() if all_logits else self.logits_host[0].copy()
+        return host if all_logits else host[0].copy()
+
+    def _decode_step(self, cache: DevicePagedKVCache):
+        """One token with the position read from the device. The first step of a cache runs
+        eagerly (it compiles those kernel variants), the second is captured, later ones replay."""
+        if not self.graphs or self._graph is None or self._graph[0] is not cache:
+            self._graph = (cache, None)
+            return self._step(1, None, cache, False)
+        if self._graph[1] is None:
+            self._graph = (cache, CapturedGraph(self.stream, lambda: self._step(1, None, cache, False)))
+        self._graph[1].launch()
+        return self.logits
 
     # -- the pass -----------------------------------------------------------------------------------
     def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool):
@@ -194,24 +194,20 @@ class CUDABackend:
             table, gscale = cache.table_dev[i], cache.gscale_dev[i]
             L.launch_rms_norm(x, lw.attn_norm, eps, h, s)
             gemm(h, lw.wqkv, qkv)
-            calibrate = not cache.calibrated[i]
-            L.launch_qkv_rope_append(
-                qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, self.pos, eps, q, self.kv,
-                (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
-                gscale, not calibrate, s)
-            if calibrate:  # the layer's first chunk fixes the 4-bit second-level scales
+            def post_qkv(write_pages: bool) -> None:
+                L.launch_qkv_rope_append(
+                    qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, self.pos, eps, q, self.kv,
+                    (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
+                    gscale, write_pages, s)
+
+            if not cache.calibrated[i]:  # the layer's first chunk: fp32 K/V fix the 4-bit scales first
+                post_qkv(False)
                 L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, s)
-                for plane, pool in enumerate((kp, vp)):
-                    launch_append(pool.fmt_id, self.kv[plane, :T], pos0, table[plane], pool.codes,
-                                  pool.scales, gscale[plane], stream=s)
                 cache.calibrated[i] = True
-            if pos0 is None:
-                paged_attention_cuda(q, o, self.pos, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id,
-                                     vp.codes, vp.scales, gscale, table, ws, stream=s, check_cold=False,
-                                     plan_len=cache.max_tokens)
-            else:
-                paged_attention_cuda(q, o, pos0, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id,
-                                     vp.codes, vp.scales, gscale, table, ws, stream=s, check_cold=False)
+            post_qkv(True)
+            pos, plan_len = (self.pos, cache.max_tokens) if pos0 is None else (pos0, None)
+            paged_attention_cuda(q, o, pos, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
+                                 vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
             gemm(o16, lw.wo, x, accumulate=True)
             if lw.bo is not None:

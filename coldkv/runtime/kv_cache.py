@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coldkv.numba_kernels.attention import paged_attention_cpu
+from coldkv.numba_kernels.layers import GSCALE_HEADROOM
 from coldkv.runtime.kv_table import KVTable
 from coldkv.numba_kernels.quant import FORMAT_IDS, append_cpu, global_scale_for, pool_arrays
 
-GSCALE_HEADROOM = 4.0
 TWO_LEVEL = ("nvfp4", "iso3")  # formats with a fp32 second-level scale
 
 
@@ -127,7 +127,7 @@ class PagedKVCache:
             for plane, (pool, x) in enumerate(((kp, k), (vp, v))):
                 if pool.fmt in TWO_LEVEL:
                     amax = np.abs(x).max(axis=(0, 2))  # [H]
-                    self.gscale[layer, plane] = [global_scale_for(GSCALE_HEADROOM * float(a)) for a in amax]
+                    self.gscale[layer, plane] = [global_scale_for(float(GSCALE_HEADROOM) * float(a)) for a in amax]
             self.calibrated[layer] = True
         bt = self.block_table[layer]
         append_cpu(kp.fmt_id, np.ascontiguousarray(k, np.float32), pos0, bt[0], kp.codes, kp.scales, self.gscale[layer, 0])
