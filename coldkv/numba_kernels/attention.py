@@ -12,7 +12,7 @@ raises on any other entry in range, rather than read a wrong page.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from coldkv.numba_kernels.jit_cache import cached_njit
 
 from coldkv.numba_kernels.quant import dequant_rows_cpu
 
@@ -40,7 +40,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, 
 _FAST = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(cache=True, fastmath=_FAST)
+@cached_njit(fastmath=_FAST)
 def paged_attention_cpu(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                         gscale, table):
     """q, out [T, Hq, D] f32 (q after RoPE); pages of the cache hold positions 0..pos0 + T - 1.

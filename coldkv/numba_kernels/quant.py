@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import config, cuda, njit
+from numba import config, cuda
 from numba.extending import register_jitable
 
+from coldkv.numba_kernels.jit_cache import cached_njit
 from coldkv.numba_kernels.fp import (
     E4M3_MAX,
     E4M3_NAN,
@@ -356,7 +357,7 @@ def _chunk(fmt, head_dim):
 
 
 # ================================================================================== CPU (njit)
-@njit(cache=True)
+@cached_njit()
 def append_cpu(fmt_id, x, pos0, table, codes, scales, gscale):
     """Quantize-append x [T, H, D] at positions pos0.. into the pages table[h, pos // page_tokens]."""
     T, H, D = x.shape
@@ -373,7 +374,7 @@ def append_cpu(fmt_id, x, pos0, table, codes, scales, gscale):
                 quantize_chunk(fmt_id, xr, c0, n, gscale[h], codes, scales, page, pos % P, c0)
 
 
-@njit(cache=True)
+@cached_njit()
 def dequant_rows_cpu(fmt_id, codes, scales, page, t0, t1, gscale_h, out):
     """Decode rows t0..t1-1 of one page into out float32 [t1 - t0, D]."""
     D = out.shape[1]
@@ -381,7 +382,7 @@ def dequant_rows_cpu(fmt_id, codes, scales, page, t0, t1, gscale_h, out):
         dequantize_chunk(fmt_id, codes, scales, page, t, 0, D, gscale_h, out[t - t0], 0)
 
 
-@njit(cache=True)
+@cached_njit()
 def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g):
     """Requantize pages[i] (global gsrc[i]) to c4g64 in out_*[i], with out_g[i] from the page amax.
 

@@ -1,0 +1,47 @@
+"""cached_njit: cached overloads of one function never share a data file, whatever the index says.
+
+Replays the interleaving two processes can produce: both read the index before either wrote it,
+each saves a different signature, and the first one's index write lands last. numba's own naming
+(by index order) then loads the second signature's code for the first key; ours does not.
+"""
+import numpy as np
+import pytest
+from numba.core.caching import IndexDataCacheFile
+
+from coldkv.numba_kernels import attention, quant
+from coldkv.numba_kernels.jit_cache import _KeyedCacheFile, cached_njit
+
+
+def _race(cls, tmp_path):
+    a = cls(cache_path=str(tmp_path), filename_base="f-1.py312", source_stamp=("stamp", 1))
+    b = cls(cache_path=str(tmp_path), filename_base="f-1.py312", source_stamp=("stamp", 1))
+    a.save("key-int8", b"code for int8")
+    a_index = a._load_index()
+    b._load_index = lambda: {}  # b read the index before a wrote it
+    b.save("key-uint8", b"code for uint8")
+    a._save_index(a_index)  # a's index write lands last
+    return a.load("key-int8")
+
+
+def test_numba_naming_mixes_signatures_in_this_race(tmp_path):
+    assert _race(IndexDataCacheFile, tmp_path) == b"code for uint8"  # the bug this module exists for
+
+
+def test_keyed_naming_keeps_each_signature(tmp_path):
+    assert _race(_KeyedCacheFile, tmp_path) == b"code for int8"
+
+
+def test_runtime_cpu_kernels_use_keyed_cache():
+    for f in (attention.paged_attention_cpu, quant.append_cpu, quant.dequant_rows_cpu, quant.requant_c4g64_cpu):
+        assert isinstance(f._cache._cache_file, _KeyedCacheFile), f
+
+
+@cached_njit()
+def _total(x):
+    return x.sum()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8])
+def test_cached_njit_compiles_per_dtype(dtype):
+    x = np.array([-1, 2, 3], np.int8).astype(dtype)
+    assert _total(x) == x.astype(np.int64).sum()
