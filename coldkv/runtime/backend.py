@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +44,11 @@ class Backend(Protocol):
 
     def forward(self, tokens: np.ndarray, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run tokens [T] at the cache's next positions; -> float32 logits [vocab] (last) or [T, vocab]."""
+
+    def prefill(self, tokens: np.ndarray, cache: KVCache, chunk: int,
+                on_progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """A prompt in chunks of at most `chunk` tokens -> float32 logits [vocab] after its last token;
+        on_progress(tokens done) as chunks finish."""
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         """Raise PlanError if a cache of max_tokens with this table cannot fit."""
@@ -128,6 +134,15 @@ class CPUBackend:
 
     def forward(self, tokens: np.ndarray, cache: PagedKVCache, all_logits: bool = False) -> np.ndarray:
         return self.model.forward(tokens, cache, all_logits)
+
+    def prefill(self, tokens: np.ndarray, cache: PagedKVCache, chunk: int,
+                on_progress: Callable[[int], None] | None = None) -> np.ndarray:
+        logits = None
+        for start in range(0, len(tokens), chunk):
+            logits = self.forward(tokens[start:start + chunk], cache)
+            if on_progress:
+                on_progress(min(start + chunk, len(tokens)))
+        return logits
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a = self.args

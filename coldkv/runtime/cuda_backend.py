@@ -5,9 +5,10 @@ layer's pages) -> paged attention over every page format -> o_proj GEMM accumula
 residual -> RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM accumulating into the residual.
 GEMMs are cuBLAS (bf16 weights as in the checkpoint, bf16 activations, fp32 accumulate and
 output, runtime/gemm.py); everything else is Numba kernels (numba_kernels/layers.py,
-attention_cuda.py, quant.py). All work runs on one stream; decode steps (one token) are captured
-once per cache as a CUDA graph and replayed (runtime/cuda_graph.py), because the ~100 Numba
-launches of a step would otherwise cost milliseconds of Python per token.
+attention_cuda.py, quant.py). All work runs on one stream. A pass is ~90 Numba launches at
+~0.1 ms of Python each (measured: 10 ms to enqueue a 512-token chunk of the 8-layer bundled
+model), so decode steps and full prefill chunks are captured once per cache as CUDA graphs and
+replayed (runtime/cuda_graph.py), and a prompt's chunks are enqueued without waiting for each.
 
 Numerics vs the CPU backend: the CPU keeps activations in float32 with fp32 copies of the
 weights; here the rows entering a GEMM are rounded to bf16 first (as HF transformers does in
@@ -15,6 +16,7 @@ bf16), so logits differ by a small bound (tests/test_cuda_backend.py states it).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +87,10 @@ class CUDABackend:
         self.sm_scale = float(a.head_dim) ** -0.5
         self._alloc_buffers()
         self._rope_rows = 0
-        # (cache, its captured decode step or None until the second step): graphs hold the cache's
-        # pool and table addresses, so a new cache means a new capture
-        self._graph: tuple[DevicePagedKVCache, CapturedGraph | None] | None = None
+        # captured passes of one cache, by (tokens, with logits): None after the eager first pass.
+        # Graphs hold the cache's pool and table addresses, so a new cache means new captures.
+        self._graph_cache: DevicePagedKVCache | None = None
+        self._graphs: dict[tuple[int, bool], CapturedGraph | None] = {}
 
     # -- buffers ------------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
@@ -120,7 +123,7 @@ class CUDABackend:
         cos, sin = self.rope.cos_sin(np.arange(rows))
         self.cos, self.sin = cuda.to_device(cos), cuda.to_device(sin)
         self._rope_rows = rows
-        self._graph = None  # a captured graph holds the old tables
+        self._graph_cache = None  # captured graphs hold the old tables
 
     # -- Backend protocol ---------------------------------------------------------------------------
     def new_cache(self, table: KVTable, max_tokens: int) -> DevicePagedKVCache:
@@ -140,18 +143,22 @@ class CUDABackend:
                 "--kv-table (nvfp4), a shorter prompt or fewer --max-new-tokens"
             )
 
+    def _check_tokens(self, tokens) -> np.ndarray:
+        tokens = np.asarray(tokens, np.int64)
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        if tokens.min() < 0 or tokens.max() >= self.args.vocab_size:
+            raise ValueError(f"token ids must be in 0..{self.args.vocab_size - 1}")
+        return tokens
+
     def forward(self, tokens: np.ndarray, cache: DevicePagedKVCache, all_logits: bool = False) -> np.ndarray:
         """tokens [T] -> float32 logits [vocab] (last position) or [T, vocab]; appends their K/V."""
-        tokens = np.asarray(tokens, np.int64)
+        tokens = self._check_tokens(tokens)
         if len(tokens) > MAX_CHUNK:  # split: each pass appends to the cache, so order is kept
             parts = [self.forward(tokens[i:i + MAX_CHUNK], cache, all_logits)
                      for i in range(0, len(tokens), MAX_CHUNK)]
             return np.concatenate(parts) if all_logits else parts[-1]
         T = len(tokens)
-        if T == 0:
-            raise ValueError("forward needs at least one token")
-        if tokens.min() < 0 or tokens.max() >= self.args.vocab_size:
-            raise ValueError(f"token ids must be in 0..{self.args.vocab_size - 1}")
         pos0 = cache.extend(T)
         s = self.stream
         self.tok_host[:T] = tokens
@@ -160,7 +167,7 @@ class CUDABackend:
         self.tok.copy_to_device(self.tok_host, stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
         if T == 1 and not all_logits and cache.calibrated.all():
-            out = self._decode_step(cache)
+            out = self._graphed_step(1, cache, logits=True)
         else:
             out = self._step(T, pos0, cache, all_logits)
         host = np.empty(out.shape, np.float32) if all_logits else self.logits_host
@@ -168,26 +175,76 @@ class CUDABackend:
         s.synchronize()
         return host if all_logits else host[0].copy()
 
-    def _decode_step(self, cache: DevicePagedKVCache):
-        """One token with the position read from the device. The first step of a cache runs
-        eagerly (it compiles those kernel variants), the second is captured, later ones replay."""
-        if not self.graphs or self._graph is None or self._graph[0] is not cache:
-            self._graph = (cache, None)
-            return self._step(1, None, cache, False)
-        if self._graph[1] is None:
-            self._graph = (cache, CapturedGraph(self.stream, lambda: self._step(1, None, cache, False)))
-        self._graph[1].launch()
-        return self.logits
+    def prefill(self, tokens: np.ndarray, cache: DevicePagedKVCache, chunk: int = MAX_CHUNK,
+                on_progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """A prompt -> float32 logits [vocab] after its last token. Chunks are enqueued back to back
+        with at most two in flight, so the host enqueues chunk i+1 while the GPU runs chunk i (a
+        forward() per chunk would wait for each); tokens and chunk positions are uploaded once, so
+        no host staging buffer is rewritten under a pending copy. on_progress(tokens done)."""
+        tokens = self._check_tokens(tokens)
+        n, chunk = len(tokens), max(1, min(chunk, MAX_CHUNK))
+        pos0 = cache.extend(n)
+        s = self.stream
+        cache.sync(s)
+        tok_dev = cuda.to_device(tokens.astype(np.int32), stream=s)  # [n]
+        starts = list(range(0, n, chunk))
+        pos_dev = cuda.to_device(np.array(starts, np.int32) + pos0, stream=s)  # [chunks] first positions
+        done = []  # (event, tokens done when it fires)
+        for c, start in enumerate(starts):
+            T = min(chunk, n - start)
+            last = c == len(starts) - 1
+            if T == chunk and cache.calibrated.all():  # a full chunk: graph replay, ids and position copied in
+                self.tok[:T].copy_to_device(tok_dev[start:start + T], stream=s)
+                self.pos.copy_to_device(pos_dev[c:c + 1], stream=s)
+                self._graphed_step(T, cache, logits=False)
+                out = self._head(T, False) if last else None
+            else:  # a layer's first chunk (it fixes the 4-bit scales) or a short last one
+                out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
+                                 pos=pos_dev[c:c + 1], logits=last)
+            ev = cuda.event(timing=False)
+            ev.record(s)
+            done.append((ev, start + T))
+            if len(done) > 2:
+                ev_old, n_old = done.pop(0)
+                ev_old.synchronize()
+                if on_progress:
+                    on_progress(n_old)
+        out.copy_to_host(self.logits_host, stream=s)
+        s.synchronize()
+        for _, n_done in done:
+            if on_progress:
+                on_progress(n_done)
+        return self.logits_host[0].copy()
+
+    def _graphed_step(self, T: int, cache: DevicePagedKVCache, logits: bool):
+        """A pass over the T tokens in self.tok, first position in self.pos (device-position mode,
+        so one capture serves every decode step / every full prefill chunk). The first pass of a
+        (cache, T, logits) runs eagerly (it compiles those kernel variants), the second is
+        captured, later ones replay. -> the logits buffer, or None."""
+        if self._graph_cache is not cache:
+            self._graph_cache, self._graphs = cache, {}
+        key = (T, logits)
+        if not self.graphs or key not in self._graphs:
+            self._graphs[key] = None
+            return self._step(T, None, cache, False, logits=logits)
+        if self._graphs[key] is None:
+            self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, logits=logits))
+        self._graphs[key].launch()
+        return self.logits if logits else None
 
     # -- the pass -----------------------------------------------------------------------------------
-    def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool):
-        """Enqueue one pass over T tokens (already in self.tok / self.pos). pos0 None: a captured
-        decode step, where attention reads the position from the device and plans its splits for
-        the cache's whole length."""
+    def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool, tok=None, pos=None,
+              logits: bool = True):
+        """Enqueue one pass over T tokens: ids in `tok` [T] (default self.tok), first position in
+        `pos` [1] (default self.pos) on the device and pos0 on the host. pos0 None: a captured decode
+        step, where attention reads the position from the device and plans its splits for the
+        cache's whole length. logits False: skip the head (a prompt chunk before the last)."""
         a, s, gemm = self.args, self.stream, self.gemm
+        tok = self.tok[:T] if tok is None else tok
+        pos = self.pos if pos is None else pos
         eps = a.rms_norm_eps
         x, h, qkv, q, o, o16 = self.x[:T], self.h16[:T], self.qkv[:T], self.q[:T], self.o[:T], self.o16[:T]
-        L.launch_embed(self.tok[:T], self.embed, x, s)
+        L.launch_embed(tok, self.embed, x, s)
         ws = self.ws_decode if T == 1 else self.ws_prefill
         for i, lw in enumerate(self.layers):
             kp, vp = cache.pools[i]
@@ -196,7 +253,7 @@ class CUDABackend:
             gemm(h, lw.wqkv, qkv)
             def post_qkv(write_pages: bool) -> None:
                 L.launch_qkv_rope_append(
-                    qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, self.pos, eps, q, self.kv,
+                    qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, pos, eps, q, self.kv,
                     (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
                     gscale, write_pages, s)
 
@@ -205,8 +262,8 @@ class CUDABackend:
                 L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, s)
                 cache.calibrated[i] = True
             post_qkv(True)
-            pos, plan_len = (self.pos, cache.max_tokens) if pos0 is None else (pos0, None)
-            paged_attention_cuda(q, o, pos, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
+            at, plan_len = (pos, cache.max_tokens) if pos0 is None else (pos0, None)
+            paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
             gemm(o16, lw.wo, x, accumulate=True)
@@ -216,6 +273,12 @@ class CUDABackend:
             gemm(h, lw.w_gate_up, self.gu[:T])
             L.launch_swiglu(self.gu[:T], self.act16[:T], s)
             gemm(self.act16[:T], lw.w_down, x, accumulate=True)
+        return self._head(T, all_logits) if logits else None
+
+    def _head(self, T: int, all_logits: bool):
+        """Final norm + LM head over the last pass's rows in self.x: -> logits [1 or T, vocab]."""
+        a, s, eps = self.args, self.stream, self.args.rms_norm_eps
+        x, h = self.x[:T], self.h16[:T]
         if all_logits:
             if self.logits_all is None:
                 self.logits_all = cuda.device_array((MAX_CHUNK, a.vocab_size), np.float32)
@@ -223,5 +286,5 @@ class CUDABackend:
         else:
             rows, out = x[T - 1:T], self.logits
         L.launch_rms_norm(rows, self.norm, eps, h[:rows.shape[0]], s)
-        gemm(h[:rows.shape[0]], self.lm_head, out)
+        self.gemm(h[:rows.shape[0]], self.lm_head, out)
         return out

@@ -100,11 +100,8 @@ def generate(
 
     t0 = time.perf_counter()
     prompt = np.asarray(prompt_ids, np.int64)
-    logits = None
-    for start in range(0, len(prompt), prefill_chunk):
-        logits = backend.forward(prompt[start:start + prefill_chunk], cache)
-        if on_prefill:
-            on_prefill(min(start + prefill_chunk, len(prompt)), len(prompt))
+    logits = backend.prefill(prompt, cache, prefill_chunk,
+                             on_progress=(lambda done: on_prefill(done, len(prompt))) if on_prefill else None)
     prefill_s = time.perf_counter() - t0
 
     tokens: list[int] = []
