@@ -409,25 +409,30 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 
 # ================================================================================== CUDA
 # Layout of the three kernels (why: docs/formats.md "Kernel speed" has the measurements):
+#   - One compiled kernel per format (factories below close over the format id), so each
+#     format's kernel carries only its own code: fewer registers, more resident warps.
 #   - warps, not blocks, own the work: grid-stride loops hand each warp 32 units (append) or a
 #     page (dequant, requant); no __syncthreads, no shared memory. A scale group spread over
-#     several lanes takes its max with shfl_xor.
+#     several lanes takes its max with shfl_xor; dequant hands group steps around with shfl.
 #   - Memory moves in 16-byte vectors (_ld4/_st4: ld/st.global.v4): a memory-bound kernel needs
 #     many bytes in flight per thread, and one 4-byte access per thread leaves the H200's copy
-#     bandwidth at ~60% (bench/codecs.py measures both).
+#     bandwidth at ~60% (bench/codecs.py measures both). Page kernels address pages flat
+#     (_ldf/_stf4: base + offset, one 64-bit add) instead of 3-D index math per access.
 #   - append: a lane owns 16 consecutive values of a row (4 vector loads): one 16-group, a
 #     quarter of a 64-group (2 shuffles), 1/4..1/32 of an int8 row; it writes their codes as one
 #     8 B (4-bit), 16 B (int8) or 2 x 16 B (bf16) store. The E4M3 scale costs once per 16 values.
 #   - dequant: a lane owns 4 consecutive values per step, so the fp32 stores (7/8 of the bytes)
-#     are fully coalesced 16 B vectors; each lane loads all its code words of an iteration first.
+#     are fully coalesced 16 B vectors; an iteration is 8 steps (1024 values per warp) whose code
+#     words are all loaded one iteration ahead, and a group's step s / g is divided once per
+#     group (by one lane) instead of once per 4 values.
 #   - D (head_dim) is a power of two: row/column come from shifts. Heads and page_tokens use
 #     shifts when they are powers of two, else one division per unit (not per value).
-#   - Same scalar cores as the CPU kernels except the E2M1 encoder (e2m1_enc_bits, bit-identical,
-#     cheaper); float math stays float32 and a multiply never feeds an add (fp.py).
+#   - Same scalar cores as the CPU kernels except the E2M1 encoder and decoders (*_bits below,
+#     bit-identical, cheaper); float math stays float32 and a multiply never feeds an add (fp.py).
 _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
-_MAX_BLOCKS = 4096  # grid-stride: ~2 waves of resident warps on an H200 (132 SMs x 64 warps)
-_DQ_STEPS = 4  # dequant: 4-value steps per lane per iteration (loads issued together)
+_MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
+_DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
 _RQ_KEEP = 16  # requant: group maxima a lane keeps from pass 1 (P * D <= 32768 for all)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
@@ -489,40 +494,110 @@ else:
     _st4, _st2 = _make_st(4), _make_st(2)
 
 
+# Flat access: element `off` of a C-contiguous array seen as 1-D (pointer + offset; no per-axis
+# index math or wraparound). The kernels compute page offsets once per page.
+if config.ENABLE_CUDASIM:
+    def _ldf(a, off):
+        return a.reshape(-1)[off]
+
+    def _ldf4(a, off):
+        f = a.reshape(-1)
+        return (f[off], f[off + 1], f[off + 2], f[off + 3])
+
+    def _stf4(a, off, vals):
+        f = a.reshape(-1)
+        for m, v in enumerate(vals):
+            f[off + m] = v
+else:
+    def _flat_ptr(context, builder, aryty, ary, offty, off):
+        arr = context.make_array(aryty)(context, builder, value=ary)
+        return builder.gep(arr.data, [context.cast(builder, off, offty, types.intp)])
+
+    @intrinsic
+    def _ldf(typingctx, a, off):
+        def codegen(context, builder, sig, args):
+            return builder.load(_flat_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1]))
+        return a.dtype(a, off), codegen
+
+    @intrinsic
+    def _ldf4(typingctx, a, off):
+        def codegen(context, builder, sig, args):
+            aty, oty = sig.args
+            et = context.get_value_type(aty.dtype)
+            vp = builder.bitcast(_flat_ptr(context, builder, aty, args[0], oty, args[1]),
+                                 ir.VectorType(et, 4).as_pointer())
+            v = builder.load(vp, align=4 * aty.dtype.bitwidth // 8)
+            vals = [builder.extract_element(v, ir.Constant(ir.IntType(32), m)) for m in range(4)]
+            return context.make_tuple(builder, sig.return_type, vals)
+        return types.UniTuple(a.dtype, 4)(a, off), codegen
+
+    @intrinsic
+    def _stf4(typingctx, a, off, vals):
+        def codegen(context, builder, sig, args):
+            aty, oty, vty = sig.args
+            et = context.get_value_type(aty.dtype)
+            vp = builder.bitcast(_flat_ptr(context, builder, aty, args[0], oty, args[1]),
+                                 ir.VectorType(et, 4).as_pointer())
+            vec = ir.Constant(ir.VectorType(et, 4), ir.Undefined)
+            for m, (v, t) in enumerate(zip(cgutils.unpack_tuple(builder, args[2], 4), vty)):
+                vec = builder.insert_element(vec, context.cast(builder, v, t, aty.dtype),
+                                             ir.Constant(ir.IntType(32), m))
+            builder.store(vec, vp, align=4 * aty.dtype.bitwidth // 8)
+        return types.void(a, off, vals), codegen
+
+
+@register_jitable
+def _u32(x):
+    """Low 32 bits as uint32: the decoders below then compile to 32-bit integer ops (Numba types
+    integer arithmetic as 64-bit; LLVM narrows it when the operands come from a uint32)."""
+    return np.uint32(np.int64(x) & 0xFFFFFFFF)
+
+
 @register_jitable
 def e2m1_enc_bits(v):
-    """float32 -> E2M1 code; the same result as fp.e2m1_enc (RNE, ties to the even code, saturate),
-    in 32-bit float ops only (Numba's integer math is 64-bit, twice the instructions on the GPU).
+    """float32 -> E2M1 code; the same result as fp.e2m1_enc (RNE, ties to the even code, saturate).
 
-    a = min(|v|, 6) lies in a stretch of the E2M1 grid with a uniform step (0.5 below 2, 1 in
-    [2, 4), 2 from 4): adding 2^22, 2^23 or 2^24 (whose ulp is that step) and subtracting it again
-    rounds a to the grid, ties to the even multiple of the step = the even code. The code of grid
-    value q is min(2q, q + 2, q / 2 + 4) (exact: q has one significant bit after the point) and
-    adding 2^23 puts it in the low bits. The min() clamp sits between v = x * r and the first add,
-    so no fma contraction can change the rounding (q * 0.5 is exact: fused or not is the same).
+    |v| >= 1 (E2M1 normals): E2M1 keeps 1 of fp32's 23 mantissa bits, so round the fp32 bits at
+    bit 22 (RNE: add 0x1FFFFF plus the lowest kept bit; a carry rolls into the exponent); then
+    (bits >> 22) = 2 * exponent + mantissa bit, and code = that - 2 * 126, saturated at 7.
+    |v| < 1 (step 0.5): RNE(2 |v|) by adding 2^23 (whose ulp is 1) gives code 0, 1 or 2.
+    2 |v| is exact, so an fma contraction of the add cannot change the rounding. NaN gives 7.
+    About 10 integer/float ops against ~16 for the previous float-only version.
     """
-    a = min(abs(np.float32(v)), np.float32(6.0))
-    big = np.float32(16777216.0) if a >= np.float32(4.0) else (
-        np.float32(8388608.0) if a >= np.float32(2.0) else np.float32(4194304.0))
-    q = (a + big) - big
-    m = min(q + q, min(q + np.float32(2.0), q * np.float32(0.5) + np.float32(4.0)))
-    return ((f32_bits(v) >> 28) & 8) | (f32_bits(m + np.float32(8388608.0)) - 0x4B000000)
+    b = _u32(f32_bits(v))
+    a = b & np.uint32(0x7FFFFFFF)
+    if a >= np.uint32(0x3F800000):
+        m = min(((a + np.uint32(0x1FFFFF) + ((a >> np.uint32(22)) & np.uint32(1))) >> np.uint32(22))
+                - np.uint32(252), np.uint32(7))
+    else:
+        m = _u32(f32_bits(bits_f32(a) * np.float32(2.0) + np.float32(8388608.0))) - np.uint32(0x4B000000)
+    return np.int64(((b >> np.uint32(28)) & np.uint32(8)) | m)
 
 
 @register_jitable
 def e2m1_dec_bits(c):
     """E2M1 code -> float32, the same value as fp.e2m1_dec, built from bits (no int->float convert):
     magnitude m >= 2 is fp32 with exponent 126 + m // 2 and mantissa bit m & 1; 1 is 0.5; 0 is 0."""
-    m = c & 7
-    b = ((m + 252) << 22) if m >= 2 else m * 0x3F000000
-    return bits_f32(b | ((c & 8) << 28))
+    c = _u32(c)
+    m = c & np.uint32(7)
+    b = ((m + np.uint32(252)) << np.uint32(22)) if m >= np.uint32(2) else m * np.uint32(0x3F000000)
+    return bits_f32(b | ((c & np.uint32(8)) << np.uint32(28)))
 
 
 @register_jitable
 def iso3_dec_bits(c):
     """ISO3 code -> signed magnitude, the same value as fp.iso3_dec: 2^23 + m has m in its low bits."""
-    v = bits_f32(0x4B000000 | (c & 7)) - np.float32(8388608.0)
-    return bits_f32(f32_bits(v) | ((c & 8) << 28))
+    c = _u32(c)
+    v = bits_f32(np.uint32(0x4B000000) | (c & np.uint32(7))) - np.float32(8388608.0)
+    return bits_f32(_u32(f32_bits(v)) | ((c & np.uint32(8)) << np.uint32(28)))
+
+
+@register_jitable
+def _int8_code_f32(b):
+    """int8 code (its byte b, 0..255) as float32 without an int->float convert (numba's is 64-bit,
+    a slow multi-instruction conversion on the GPU): 2^23 + 128 + code has the biased code in its
+    low bits, and the subtraction is exact."""
+    return bits_f32(np.uint32(0x4B000000) | ((_u32(b) & np.uint32(0xFF)) ^ np.uint32(0x80))) - np.float32(8388736.0)
 
 
 @register_jitable
@@ -586,75 +661,6 @@ def _canon_nan(v):
     return bits_f32(0x7FC00000) if v != v else v
 
 
-@cuda.jit
-def append_cuda(fmt_id, x, pos0, table, codes, scales, gscale):
-    """Same semantics as append_cpu; x [T, H, D] fp32, row (t, h) goes to table[h, (pos0+t) // P].
-
-    Lane unit s = 16 consecutive values x.flat[16 s : 16 s + 16] (one row segment, module comment).
-    """
-    T, H, D = x.shape
-    P = codes.shape[1]
-    lane = cuda.threadIdx.x & 31
-    ld, lh, lp = _log2(D), _log2(H), _log2(P)
-    nseg = (T * H * D) >> 4
-    # lanes sharing a scale: a 64-group 4, an int8 row D/16 (<= 32), a 16-group 1
-    gl = 4 if fmt_id == 4 else ((D >> 4) if fmt_id == 1 else 1)
-    gsh = 6 if fmt_id == 4 else 4
-    v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
-    c32 = codes.view(np.uint32)
-    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-    for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
-        s = base + lane
-        live = s < nseg
-        row = s >> (ld - 4)
-        c = (s << 4) & (D - 1)
-        t, h = _divmod(row, H, lh)
-        m = 0
-        if live:
-            for k in range(4):
-                v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
-            for k in range(16):
-                m = max(m, _absbits(v[k]))
-        if fmt_id >= 1:
-            m = _warp_max_bits(m, gl)
-        if not live:
-            continue
-        pi, pr = _divmod(pos0 + t, P, lp)
-        page = table[h, pi]
-        if page < 0:  # the host wrapper checks the table; a kernel cannot raise
-            continue
-        if fmt_id == 0:  # 16 bf16 = 8 uint32 words
-            for k in range(2):
-                _st4(c32, (page, pr, (c >> 1) + 4 * k),
-                     (bf16_enc(v[8 * k]) | (bf16_enc(v[8 * k + 1]) << 16),
-                      bf16_enc(v[8 * k + 2]) | (bf16_enc(v[8 * k + 3]) << 16),
-                      bf16_enc(v[8 * k + 4]) | (bf16_enc(v[8 * k + 5]) << 16),
-                      bf16_enc(v[8 * k + 6]) | (bf16_enc(v[8 * k + 7]) << 16)))
-        elif fmt_id == 1:  # 16 int8 = 4 uint32 words
-            scale, inv = int8_row_scale(_amax_of_bits(m))
-            if c == 0:
-                scales[page, pr, 0] = scale
-            if inv > np.float32(0.0):
-                _st4(c32, (page, pr, c >> 2), (_int8_word(v, 0, inv), _int8_word(v, 4, inv),
-                                               _int8_word(v, 8, inv), _int8_word(v, 12, inv)))
-            else:
-                _st4(c32, (page, pr, c >> 2), (0, 0, 0, 0))
-        else:  # 16 4-bit codes = 2 uint32 words
-            g = gscale[h]
-            sb = group_scale(fmt_id, _amax_of_bits(m), g)
-            r = group_mult(sb, g)
-            lo = 0
-            hi = 0
-            if sb != E4M3_NAN:
-                for j in range(8):
-                    lo |= _enc4(fmt_id, v[j], r) << (4 * j)
-                    hi |= _enc4(fmt_id, v[8 + j], r) << (4 * j)
-            _st2(c32, (page, pr, c >> 3), (lo, hi))
-            if (c & ((1 << gsh) - 1)) == 0:
-                scales[page, pr, c >> gsh] = sb
-
-
 @register_jitable
 def _int8_word(v, k, inv):
     """uint32 of the int8 codes of v[k .. k+3]."""
@@ -664,66 +670,244 @@ def _int8_word(v, k, inv):
     return w
 
 
-@cuda.jit
-def dequant_pages_cuda(fmt_id, codes, scales, pages, gs, out):
-    """out[j] = page pages[j] decoded with global gs[j]; out float32 [n, P, D]. A warp per page.
+# ---------------------------------------------------------------------------------- append
+def _make_append(F):
+    """Quantize-append kernel for format F (same semantics as append_cpu; x [T, H, D] fp32, row
+    (t, h) goes to table[h, (pos0 + t) // P]). Lane unit s = 16 consecutive values x.flat[16 s:]."""
+    GL_FIXED = 4 if F == C4G64 else 1  # lanes sharing a scale (int8: D / 16, set at run time)
+    GSH = 6 if F == C4G64 else 4
 
-    Step k of an iteration: lane owns values q = base + 128 k + 4 lane .. q + 3 of the page (flat
-    [P * D]); their codes are one uint16 (4-bit), uint32 (int8) or uint64 (bf16) word.
-    """
-    n, P, D = out.shape
-    lane = cuda.threadIdx.x & 31
-    ld = _log2(D)
-    pd = P * D
-    gsh = 6 if fmt_id == 4 else 4
-    c16, c32, c64 = codes.view(np.uint16), codes.view(np.uint32), codes.view(np.uint64)
-    words = cuda.local.array(_DQ_STEPS, np.int64)
-    svals = cuda.local.array(_DQ_STEPS, np.float32)
-    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-    for j in range(gw, n, nw):
-        page = pages[j]
-        g = gs[j]
-        for base in range(4 * lane, pd, 128 * _DQ_STEPS):
-            for k in range(_DQ_STEPS):  # all loads of the iteration first: bytes in flight
-                q = base + 128 * k
-                if q < pd:
-                    t, c = q >> ld, q & (D - 1)
-                    if fmt_id == 0:
-                        words[k] = np.int64(c64[page, t, c >> 2])
-                    elif fmt_id == 1:
-                        words[k] = np.int64(c32[page, t, c >> 2])
-                        svals[k] = scales[page, t, 0]
-                    else:
-                        words[k] = np.int64(c16[page, t, c >> 2])
-                        svals[k] = e4m3_dec(np.int64(scales[page, t, c >> gsh]))
-            for k in range(_DQ_STEPS):
-                q = base + 128 * k
-                if q < pd:
-                    t, c = q >> ld, q & (D - 1)
-                    w = words[k]
-                    if fmt_id == 0:
-                        _st4(out, (j, t, c), (bf16_dec(w & 0xFFFF), bf16_dec((w >> 16) & 0xFFFF),
-                                              bf16_dec((w >> 32) & 0xFFFF), bf16_dec((w >> 48) & 0xFFFF)))
-                    elif fmt_id == 1:
-                        s = np.float32(svals[k])
-                        _st4(out, (j, t, c), (_int8_val(w, 0, s), _int8_val(w, 1, s),
-                                              _int8_val(w, 2, s), _int8_val(w, 3, s)))
-                    else:
-                        d = svals[k] / np.float32(g)  # the group's step s / g
-                        _st4(out, (j, t, c), (_decode_nibble(fmt_id, w & 15, d),
-                                              _decode_nibble(fmt_id, (w >> 4) & 15, d),
-                                              _decode_nibble(fmt_id, (w >> 8) & 15, d),
-                                              _decode_nibble(fmt_id, (w >> 12) & 15, d)))
+    @cuda.jit
+    def append(x, pos0, table, codes, scales, gscale):
+        T, H, D = x.shape
+        P = codes.shape[1]
+        lane = cuda.threadIdx.x & 31
+        ld, lh, lp = _log2(D), _log2(H), _log2(P)
+        nseg = (T * H * D) >> 4
+        gl = (D >> 4) if F == INT8 else GL_FIXED
+        v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
+        c32 = codes.view(np.uint32)
+        gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+        nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+        for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
+            s = base + lane
+            live = s < nseg
+            row = s >> (ld - 4)
+            c = (s << 4) & (D - 1)
+            t, h = _divmod(row, H, lh)
+            m = 0
+            if live:
+                for k in range(4):
+                    v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
+                for k in range(16):
+                    m = max(m, _absbits(v[k]))
+            if F >= 1:
+                m = _warp_max_bits(m, gl)
+            if not live:
+                continue
+            pi, pr = _divmod(pos0 + t, P, lp)
+            page = table[h, pi]
+            if page < 0:  # the host wrapper checks the table; a kernel cannot raise
+                continue
+            if F == BF16:  # 16 bf16 = 8 uint32 words
+                for k in range(2):
+                    _st4(c32, (page, pr, (c >> 1) + 4 * k),
+                         (bf16_enc(v[8 * k]) | (bf16_enc(v[8 * k + 1]) << 16),
+                          bf16_enc(v[8 * k + 2]) | (bf16_enc(v[8 * k + 3]) << 16),
+                          bf16_enc(v[8 * k + 4]) | (bf16_enc(v[8 * k + 5]) << 16),
+                          bf16_enc(v[8 * k + 6]) | (bf16_enc(v[8 * k + 7]) << 16)))
+            elif F == INT8:  # 16 int8 = 4 uint32 words
+                scale, inv = int8_row_scale(_amax_of_bits(m))
+                if c == 0:
+                    scales[page, pr, 0] = scale
+                if inv > np.float32(0.0):
+                    _st4(c32, (page, pr, c >> 2), (_int8_word(v, 0, inv), _int8_word(v, 4, inv),
+                                                   _int8_word(v, 8, inv), _int8_word(v, 12, inv)))
+                else:
+                    _st4(c32, (page, pr, c >> 2), (0, 0, 0, 0))
+            else:  # 16 4-bit codes = 2 uint32 words
+                g = gscale[h]
+                sb = group_scale(F, _amax_of_bits(m), g)
+                r = group_mult(sb, g)
+                lo = 0
+                hi = 0
+                if sb != E4M3_NAN:
+                    for j in range(8):
+                        lo |= _enc4(F, v[j], r) << (4 * j)
+                        hi |= _enc4(F, v[8 + j], r) << (4 * j)
+                _st2(c32, (page, pr, c >> 3), (lo, hi))
+                if (c & ((1 << GSH) - 1)) == 0:
+                    scales[page, pr, c >> GSH] = sb
+
+    return append
+
+
+# ---------------------------------------------------------------------------------- dequant
+@cuda.jit(device=True)
+def _dq_word(cw, wb, idx, nwp):
+    """Code word idx of a page (flat base wb), 0 past the page's nwp words."""
+    return np.uint64(_ldf(cw, wb + idx)) if idx < nwp else np.uint64(0)
 
 
 @cuda.jit(device=True)
-def _int8_val(w, k, s):
-    """Byte k of w as an int8 code, times the row scale s."""
-    b = (w >> (8 * k)) & 0xFF
-    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
+def _dq_words(cw, wb, i0, nwp):
+    """The 8 code words of an iteration: lane's step k reads word i0 + 32 k."""
+    return (_dq_word(cw, wb, i0, nwp), _dq_word(cw, wb, i0 + 32, nwp), _dq_word(cw, wb, i0 + 64, nwp),
+            _dq_word(cw, wb, i0 + 96, nwp), _dq_word(cw, wb, i0 + 128, nwp), _dq_word(cw, wb, i0 + 160, nwp),
+            _dq_word(cw, wb, i0 + 192, nwp), _dq_word(cw, wb, i0 + 224, nwp))
 
 
+@cuda.jit(device=True)
+def _dq_sbyte(scales, sb0, gi, ngp):
+    return np.uint32(_ldf(scales, sb0 + gi)) if gi < ngp else np.uint32(0)
+
+
+@cuda.jit(device=True)
+def _dq_step(F, out, ob, q, pd, w, dsrc, src):
+    """Step of a 4-bit dequant: the 4 values q..q+3 (code word w), the group step d held by lane
+    src in dsrc (every lane calls: the shuffle needs the whole warp)."""
+    d = cuda.shfl_sync(_FULL, dsrc, src)
+    if q < pd:
+        x = _u32(w)
+        if F == ISO3:
+            a0, a1, a2, a3 = (iso3_dec_bits(x), iso3_dec_bits(x >> np.uint32(4)),
+                              iso3_dec_bits(x >> np.uint32(8)), iso3_dec_bits(x >> np.uint32(12)))
+        else:
+            a0, a1, a2, a3 = (e2m1_dec_bits(x), e2m1_dec_bits(x >> np.uint32(4)),
+                              e2m1_dec_bits(x >> np.uint32(8)), e2m1_dec_bits(x >> np.uint32(12)))
+        if abs(d) <= F32_MAX:  # finite step: finite codes times d are never NaN
+            _stf4(out, ob + q, (a0 * d, a1 * d, a2 * d, a3 * d))
+        else:  # poisoned group (NaN) or an infinite step (0 * inf): the CPU's NaN bits
+            _stf4(out, ob + q, (_canon_nan(a0 * d), _canon_nan(a1 * d), _canon_nan(a2 * d), _canon_nan(a3 * d)))
+
+
+@cuda.jit(device=True)
+def _dq_store16(F, out, ob, q, pd, w, s):
+    """bf16 / int8 step: values q..q+3 from code word w (int8: row scale s)."""
+    if q < pd:
+        if F == BF16:  # bf16 -> fp32 is a shift: exact, NaN payloads kept
+            lo = _u32(w)
+            hi = _u32(w >> np.uint64(32))
+            _stf4(out, ob + q, (bits_f32(lo << np.uint32(16)), bits_f32(lo & np.uint32(0xFFFF0000)),
+                                bits_f32(hi << np.uint32(16)), bits_f32(hi & np.uint32(0xFFFF0000))))
+        else:
+            x = _u32(w)
+            a0, a1, a2, a3 = (_int8_code_f32(x), _int8_code_f32(x >> np.uint32(8)),
+                              _int8_code_f32(x >> np.uint32(16)), _int8_code_f32(x >> np.uint32(24)))
+            if abs(s) <= F32_MAX:
+                _stf4(out, ob + q, (a0 * s, a1 * s, a2 * s, a3 * s))
+            else:
+                _stf4(out, ob + q, (_canon_nan(a0 * s), _canon_nan(a1 * s), _canon_nan(a2 * s), _canon_nan(a3 * s)))
+
+
+@cuda.jit(device=True)
+def _dq_rowscale(sf, r0, q, pd, ld):
+    """int8: the fp32 scale of the row holding flat value q (0 past the page)."""
+    return np.float32(_ldf(sf, r0 + (q >> ld))) if q < pd else np.float32(0.0)
+
+
+def _make_dequant(F):
+    """dequant kernel for format F: out[j] = page pages[j] decoded with global gs[j]; out float32
+    [n, P, D]; a warp per page. Step k (0..7) of an iteration: a lane owns values q = base + 128 k
+    + 4 lane .. q + 3 of the page (flat [P * D]), whose codes are one code word (uint16 4-bit,
+    uint32 int8, uint64 bf16). The next iteration's words are loaded before this one is decoded.
+    4-bit: lane i divides the step of group i (and i + 32) of the iteration once; the 4 lanes of a
+    step that share a group fetch it with one shfl."""
+    WT = np.uint64 if F == BF16 else (np.uint32 if F == INT8 else np.uint16)
+    SH = 6 if F == C4G64 else 4  # 4-bit: log2 of the group
+
+    @cuda.jit
+    def dequant(codes, scales, pages, gs, out):
+        n, P, D = out.shape
+        lane = cuda.threadIdx.x & 31
+        ld = _log2(D)
+        pd = P * D
+        nwp = pd >> 2  # code words per page
+        ngp = pd >> SH  # 4-bit: scale groups per page
+        cw = codes.view(WT)
+        gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+        nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+        for j in range(gw, n, nw):
+            page = np.int64(pages[j])
+            g = np.float32(gs[j])
+            wb = page * nwp
+            ob = np.int64(j) * pd
+            q0 = 4 * lane
+            w = _dq_words(cw, wb, lane, nwp)
+            if F <= INT8:
+                r0 = page * P
+                if F == INT8:
+                    s = (_dq_rowscale(scales, r0, q0, pd, ld), _dq_rowscale(scales, r0, q0 + 128, pd, ld),
+                         _dq_rowscale(scales, r0, q0 + 256, pd, ld), _dq_rowscale(scales, r0, q0 + 384, pd, ld),
+                         _dq_rowscale(scales, r0, q0 + 512, pd, ld), _dq_rowscale(scales, r0, q0 + 640, pd, ld),
+                         _dq_rowscale(scales, r0, q0 + 768, pd, ld), _dq_rowscale(scales, r0, q0 + 896, pd, ld))
+                else:
+                    z = np.float32(0.0)
+                    s = (z, z, z, z, z, z, z, z)
+                base = 0
+                while base < pd:
+                    wc, sc = w, s
+                    if base + 1024 < pd:  # next iteration's loads in flight while this one decodes
+                        w = _dq_words(cw, wb, ((base + 1024) >> 2) + lane, nwp)
+                        if F == INT8:
+                            qn = base + 1024 + q0
+                            s = (_dq_rowscale(scales, r0, qn, pd, ld), _dq_rowscale(scales, r0, qn + 128, pd, ld),
+                                 _dq_rowscale(scales, r0, qn + 256, pd, ld), _dq_rowscale(scales, r0, qn + 384, pd, ld),
+                                 _dq_rowscale(scales, r0, qn + 512, pd, ld), _dq_rowscale(scales, r0, qn + 640, pd, ld),
+                                 _dq_rowscale(scales, r0, qn + 768, pd, ld), _dq_rowscale(scales, r0, qn + 896, pd, ld))
+                    q = base + q0
+                    _dq_store16(F, out, ob, q, pd, wc[0], sc[0])
+                    _dq_store16(F, out, ob, q + 128, pd, wc[1], sc[1])
+                    _dq_store16(F, out, ob, q + 256, pd, wc[2], sc[2])
+                    _dq_store16(F, out, ob, q + 384, pd, wc[3], sc[3])
+                    _dq_store16(F, out, ob, q + 512, pd, wc[4], sc[4])
+                    _dq_store16(F, out, ob, q + 640, pd, wc[5], sc[5])
+                    _dq_store16(F, out, ob, q + 768, pd, wc[6], sc[6])
+                    _dq_store16(F, out, ob, q + 896, pd, wc[7], sc[7])
+                    base += 1024
+            else:
+                sb0 = page * ngp
+                # scale bytes of the iteration's groups: 16-groups 64 (lane, lane + 32), 64-groups 16
+                sa = _dq_sbyte(scales, sb0, lane, ngp if (SH == 4 or lane < 16) else 0)
+                sb = _dq_sbyte(scales, sb0, lane + 32, ngp) if SH == 4 else np.uint32(0)
+                base = 0
+                while base < pd:
+                    wc = w
+                    da = e4m3_dec(np.int64(sa)) / g  # this lane's group steps s / g
+                    db = e4m3_dec(np.int64(sb)) / g
+                    if base + 1024 < pd:
+                        w = _dq_words(cw, wb, ((base + 1024) >> 2) + lane, nwp)
+                        gn = ((base + 1024) >> SH) + lane
+                        sa = _dq_sbyte(scales, sb0, gn, ngp if (SH == 4 or lane < 16) else 0)
+                        if SH == 4:
+                            sb = _dq_sbyte(scales, sb0, gn + 32, ngp)
+                    q = base + q0
+                    if SH == 4:  # step k's group: 8 k + lane // 4 of the iteration
+                        hl = lane >> 2
+                        _dq_step(F, out, ob, q, pd, wc[0], da, hl)
+                        _dq_step(F, out, ob, q + 128, pd, wc[1], da, 8 + hl)
+                        _dq_step(F, out, ob, q + 256, pd, wc[2], da, 16 + hl)
+                        _dq_step(F, out, ob, q + 384, pd, wc[3], da, 24 + hl)
+                        _dq_step(F, out, ob, q + 512, pd, wc[4], db, hl)
+                        _dq_step(F, out, ob, q + 640, pd, wc[5], db, 8 + hl)
+                        _dq_step(F, out, ob, q + 768, pd, wc[6], db, 16 + hl)
+                        _dq_step(F, out, ob, q + 896, pd, wc[7], db, 24 + hl)
+                    else:  # 64-groups: step k's group is 2 k + lane // 16
+                        hl = lane >> 4
+                        _dq_step(F, out, ob, q, pd, wc[0], da, hl)
+                        _dq_step(F, out, ob, q + 128, pd, wc[1], da, 2 + hl)
+                        _dq_step(F, out, ob, q + 256, pd, wc[2], da, 4 + hl)
+                        _dq_step(F, out, ob, q + 384, pd, wc[3], da, 6 + hl)
+                        _dq_step(F, out, ob, q + 512, pd, wc[4], da, 8 + hl)
+                        _dq_step(F, out, ob, q + 640, pd, wc[5], da, 10 + hl)
+                        _dq_step(F, out, ob, q + 768, pd, wc[6], da, 12 + hl)
+                        _dq_step(F, out, ob, q + 896, pd, wc[7], da, 14 + hl)
+                    base += 1024
+
+    return dequant
+
+
+# ---------------------------------------------------------------------------------- requant
 # PRMT (byte permute): result byte i = byte (sel >> 4 i) & 7 of the 8 bytes hi:lo. The requant
 # kernel looks 4 codes up in an 8-entry byte table with one instruction.
 if config.ENABLE_CUDASIM:
@@ -741,51 +925,59 @@ else:
 @register_jitable
 def _sel4(x):
     """The 4 low nibbles of x's 4 bytes as a PRMT selector (nibble i = byte i & 7)."""
-    x &= 0x07070707
-    x = (x | (x >> 4)) & 0x00FF00FF
-    return (x | (x >> 8)) & 0xFFFF
+    x = _u32(x) & np.uint32(0x07070707)
+    x = (x | (x >> np.uint32(4))) & np.uint32(0x00FF00FF)
+    return (x | (x >> np.uint32(8))) & np.uint32(0xFFFF)
 
 
 @cuda.jit(device=True)
 def _lut_word(lo, hi, w):
     """8 output codes of source word w (8 nibbles) from the magnitude table hi:lo (byte m = code
     magnitude for source magnitude m): the even nibbles, and the odd ones from the table << 4."""
-    return _prmt(lo, hi, _sel4(w)) | _prmt(lo << 4, hi << 4, _sel4(w >> 4))
+    return _prmt(lo, hi, _sel4(w)) | _prmt(lo << 4, hi << 4, _sel4(_u32(w) >> np.uint32(4)))
 
 
-@cuda.jit(device=True)
-def _rq_val(fmt, w, i, s):
-    """bf16 / int8 source: value i (0..15) of a unit whose raw code words are w (8 uint32; int8
-    uses 4), row scale s (int8)."""
-    if fmt == 0:
-        return bf16_dec(np.int64(w[i >> 1]) >> (16 * (i & 1)))
-    b = (np.int64(w[i >> 2]) >> (8 * (i & 3))) & 0xFF
-    return _canon_nan(np.float32(b - 256 if b >= 128 else b) * s)
-
-
-@cuda.jit(device=True)
-def _rq_lm(fmt, w0, w1, d):
-    """4-bit source, 16 values (code words w0, w1) with step d: |dec(largest code magnitude) * d|
-    = their max |value| (rounding is monotonic); inf or NaN when a product overflows or the group
-    is poisoned."""
-    mm = 0
-    for j in range(8):
-        mm = max(mm, max((np.int64(w0) >> (4 * j)) & 7, (np.int64(w1) >> (4 * j)) & 7))
-    return abs(_decode_nibble(fmt, mm, d))
+@register_jitable
+def _max_mag16(w0, w1):
+    """Largest code magnitude (low 3 bits of a nibble) among the 16 nibbles of w0, w1, bit by bit
+    on all nibbles at once (SWAR): keep the nibbles that have the next bit when any has it."""
+    x0 = _u32(w0) & np.uint32(0x77777777)
+    x1 = _u32(w1) & np.uint32(0x77777777)
+    m = np.uint32(0)
+    if ((x0 | x1) & np.uint32(0x44444444)) != np.uint32(0):
+        m = np.uint32(4)
+        x0 &= ((x0 >> np.uint32(2)) & np.uint32(0x11111111)) * np.uint32(15)
+        x1 &= ((x1 >> np.uint32(2)) & np.uint32(0x11111111)) * np.uint32(15)
+    if ((x0 | x1) & np.uint32(0x22222222)) != np.uint32(0):
+        m |= np.uint32(2)
+        x0 &= ((x0 >> np.uint32(1)) & np.uint32(0x11111111)) * np.uint32(15)
+        x1 &= ((x1 >> np.uint32(1)) & np.uint32(0x11111111)) * np.uint32(15)
+    if ((x0 | x1) & np.uint32(0x11111111)) != np.uint32(0):
+        m |= np.uint32(1)
+    return np.int64(m)
 
 
 @cuda.jit(device=True)
 def _rq_pass1(fmt, w0, w1, d, gm, amax):
-    """Pass 1 for 16 values of a 4-bit source: (group max with non-finite as inf, finite page amax)."""
-    lm = _rq_lm(fmt, w0, w1, d)
+    """Pass 1 for 16 values of a 4-bit source (code words w0, w1, step d): (group max with
+    non-finite as inf, finite page amax). |dec(largest magnitude) * d| is their max |value|
+    (rounding is monotonic); when that is not finite (overflow, poisoned group) the finite values
+    are taken one by one."""
+    lm = abs(_decode_nibble(fmt, _max_mag16(w0, w1), d))
     if lm <= F32_MAX:
         return max(gm, lm), max(amax, lm)
-    for i in range(16):  # a product that overflowed or a poisoned group: the finite values
+    for i in range(16):
         x = (np.int64(w1) if i >= 8 else np.int64(w0)) >> (4 * (i & 7))
         a = abs(_decode_nibble(fmt, x & 15, d))
         if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
             amax = a
     return np.float32(np.inf), amax
+
+
+@register_jitable
+def _e2m1_mag(y):
+    """E2M1 magnitude (0..7) of y (e2m1_enc_bits without the sign)."""
+    return e2m1_enc_bits(y) & 7
 
 
 @cuda.jit(device=True)
@@ -794,8 +986,8 @@ def _rq_table(fmt, d, r):
     lo = 0
     hi = 0
     for m in range(4):
-        lo |= (e2m1_enc_bits(_decode_nibble(fmt, m, d) * r) & 7) << (8 * m)
-        hi |= (e2m1_enc_bits(_decode_nibble(fmt, m + 4, d) * r) & 7) << (8 * m)
+        lo |= _e2m1_mag(_decode_nibble(fmt, m, d) * r) << (8 * m)
+        hi |= _e2m1_mag(_decode_nibble(fmt, m + 4, d) * r) << (8 * m)
     return lo, hi
 
 
@@ -808,139 +1000,224 @@ def _rq_encode(lo, hi, w, d, r):
 
 
 @cuda.jit(device=True)
-def _rq_src4(fmt, c32, scales, page, t, c, g):
-    """4-bit source, the 64 values of row t from column c: (8 code words, the steps of the four
-    16-value quarters; all four equal for c4g64, one source group)."""
-    w = _ld4(c32, (page, t, c >> 3)) + _ld4(c32, (page, t, (c >> 3) + 4))
+def _rq_raw4(fmt, c32, scales, wb, sb0, u, ng):
+    """4-bit source, 64-value unit u of a page (flat word base wb, scale base sb0): (8 code words,
+    the scale bytes of its four 16-value quarters; the same byte 4 times for c4g64); zeros past
+    the page."""
+    z = np.uint32(0)
+    if u >= ng:
+        return (z, z, z, z, z, z, z, z), (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
+    w = _ldf4(c32, wb + 8 * u) + _ldf4(c32, wb + 8 * u + 4)
     if fmt == 4:
-        d0 = e4m3_dec(np.int64(scales[page, t, c >> 6])) / g
-        return w, (d0, d0, d0, d0)
-    q0 = c >> 4
-    return w, (e4m3_dec(np.int64(scales[page, t, q0])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 1])) / g,
-               e4m3_dec(np.int64(scales[page, t, q0 + 2])) / g, e4m3_dec(np.int64(scales[page, t, q0 + 3])) / g)
+        sb = np.int64(_ldf(scales, sb0 + u))
+        return w, (sb, sb, sb, sb)
+    q = sb0 + 4 * u
+    return w, (np.int64(_ldf(scales, q)), np.int64(_ldf(scales, q + 1)),
+               np.int64(_ldf(scales, q + 2)), np.int64(_ldf(scales, q + 3)))
 
 
 @cuda.jit(device=True)
-def _rq_src16(fmt, c32, scales, page, t, c):
-    """bf16 / int8 source, the 16 values of row t from column c: (8 code words, int8 row scale)."""
-    if fmt == 0:
-        return _ld4(c32, (page, t, c >> 1)) + _ld4(c32, (page, t, (c >> 1) + 4)), np.float32(0.0)
+def _rq_steps(fmt, sbt, g):
+    """Steps s / g of the four quarters (one division for c4g64: one source group)."""
+    d0 = e4m3_dec(sbt[0]) / g
+    if fmt == 4:
+        return d0, d0, d0, d0
+    return d0, e4m3_dec(sbt[1]) / g, e4m3_dec(sbt[2]) / g, e4m3_dec(sbt[3]) / g
+
+
+@cuda.jit(device=True)
+def _rq_raw16(fmt, c32, sf, wb, r0, u, nu, ld):
+    """bf16 / int8 source, 16-value unit u of a page (flat word base wb, row base r0): (8 code
+    words (int8: 4 and zeros), int8 row scale); zeros past the page."""
     z = np.uint32(0)
-    return _ld4(c32, (page, t, c >> 2)) + (z, z, z, z), np.float32(scales[page, t, 0])
+    if u >= nu:
+        return (z, z, z, z, z, z, z, z), np.float32(0.0)
+    if fmt == 0:
+        return _ldf4(c32, wb + 8 * u) + _ldf4(c32, wb + 8 * u + 4), np.float32(0.0)
+    return _ldf4(c32, wb + 4 * u) + (z, z, z, z), np.float32(_ldf(sf, r0 + ((16 * u) >> ld)))
 
 
-@cuda.jit
-def requant_c4g64_cuda(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g):
-    """Requantize page pages[j] (global gsrc[j]) to c4g64 in out_*[j]; a warp per page.
+@cuda.jit(device=True)
+def _rq_val(fmt, w, i, s):
+    """bf16 / int8 source: value i (0..15) of a unit whose raw code words are w (8 uint32; int8
+    uses 4), row scale s (int8). NaN bits are not canonical (callers only compare or encode
+    values of groups without NaN)."""
+    if fmt == 0:
+        x = _u32(w[i >> 1])
+        return bits_f32((x << np.uint32(16)) if (i & 1) == 0 else (x & np.uint32(0xFFFF0000)))
+    return _int8_code_f32(_u32(w[i >> 2]) >> np.uint32(8 * (i & 3))) * s
+
+
+@cuda.jit(device=True)
+def _rq_amax16(fmt, w, s, amax):
+    """Pass 1, bf16 / int8 source: the page's finite amax over one 16-value unit. bf16: an integer
+    max of |bits| (order-preserving), one test for non-finite values; int8: max |code| times the
+    row scale (rounding is monotonic). Falls back to value by value when a maximum is not finite."""
+    if fmt == 0:
+        m = np.uint32(0)
+        for i in range(8):
+            x = _u32(w[i]) & np.uint32(0x7FFF7FFF)
+            m = max(m, max(x & np.uint32(0xFFFF), x >> np.uint32(16)))
+        if m < np.uint32(0x7F80):
+            return max(amax, bits_f32(m << np.uint32(16)))
+    else:
+        m = np.uint32(0)
+        for i in range(4):
+            x = _u32(w[i])
+            for k in range(4):
+                b = (x >> np.uint32(8 * k)) & np.uint32(0xFF)
+                m = max(m, (np.uint32(256) - b) if b >= np.uint32(128) else b)
+        a = abs(_int8_code_f32(m) * s)  # |code| <= 128 is exact
+        if a <= F32_MAX:
+            return max(amax, a)
+    for i in range(16):
+        a = abs(_rq_val(fmt, w, i, s))
+        if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
+            amax = a
+    return amax
+
+
+def _make_requant(F):
+    """Requantize-to-c4g64 kernel for source format F: page pages[j] (global gsrc[j]) -> out_*[j];
+    a warp per page.
 
     Two passes over the page: pass 1 takes its finite amax -> out_g[j]; pass 2 reads the page
-    again (L1/L2 hits) and encodes.
+    again (L1/L2 hits) and encodes. Both passes load the next unit's words before working on the
+    current one.
     4-bit sources: a lane owns whole output 64-groups (8 source words, 32 B): no shuffles. A
-    quarter's max is _rq_lm (one decode), falling back to all 16 values when that is not finite;
-    pass 1 keeps the group max for pass 2 (_RQ_KEEP groups per lane). A source group shares its
-    step d and an output group its multiplier r, so the output code is a function of the source
-    code magnitude: an 8-byte table (m -> E2M1 magnitude of dec(m) * d * r), built once per
-    source group (1 per output group from c4g64, 4 from nvfp4/iso3) and looked up 4 codes at a
-    time with PRMT. The sign is sign(source code) ^ sign(d) ^ sign(r), as IEEE products have it.
-    bf16/int8 sources: a lane owns 16 values (32 or 16 B), 4 lanes an output group (2 shuffles),
-    decode and encode per value.
+    quarter's max is _rq_pass1 (one decode of the largest magnitude), falling back to all 16
+    values when that is not finite; pass 1 keeps the group max for pass 2 (_RQ_KEEP groups per
+    lane). A source group shares its step d and an output group its multiplier r, so the output
+    code is a function of the source code magnitude: an 8-byte table (m -> E2M1 magnitude of
+    dec(m) * d * r), built once per source group (1 per output group from c4g64, 4 from
+    nvfp4/iso3) and looked up 4 codes at a time with PRMT. The sign is sign(source code) ^
+    sign(d) ^ sign(r), as IEEE products have it.
+    bf16/int8 sources: a lane owns 16 values (32 or 16 B), 4 lanes an output group (2 shuffles);
+    values are decoded once into registers, encoded per value.
     """
-    P = codes.shape[1]
-    D = out_codes.shape[2] * 2
-    lane = cuda.threadIdx.x & 31
-    ld = _log2(D)
-    c32 = codes.view(np.uint32)
-    o32 = out_codes.view(np.uint32)
-    keep = cuda.local.array(_RQ_KEEP, np.float32)  # per-lane group maxima of pass 1 (local memory)
-    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-    ng = (P * D) >> 6  # 64-groups in a page
-    nu = (P * D) >> 4  # 16-value units
-    for j in range(gw, pages.shape[0], nw):
-        page = pages[j]
-        g = np.float32(gsrc[j])
-        amax = np.float32(0.0)
-        # ------------------------------------------------------------------ pass 1: page amax
-        if fmt_id >= 2:
-            for u in range(lane, ng, 32):
-                t, c = u >> (ld - 6), (u << 6) & (D - 1)
-                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
-                gm, amax = _rq_pass1(fmt_id, w[0], w[1], d[0], np.float32(0.0), amax)
-                gm, amax = _rq_pass1(fmt_id, w[2], w[3], d[1], gm, amax)
-                gm, amax = _rq_pass1(fmt_id, w[4], w[5], d[2], gm, amax)
-                gm, amax = _rq_pass1(fmt_id, w[6], w[7], d[3], gm, amax)
-                i = u >> 5
-                if i < _RQ_KEEP:
-                    keep[i] = gm
-        else:
-            for u in range(lane, nu, 32):
-                t, c = u >> (ld - 4), (u << 4) & (D - 1)
-                w, s = _rq_src16(fmt_id, c32, scales, page, t, c)
-                for i in range(16):
-                    a = abs(_rq_val(fmt_id, w, i, s))
-                    if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
-                        amax = a
-        for sh in (16, 8, 4, 2, 1):
-            amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
-        g2 = global_scale_for(amax)
-        if lane == 0:
-            out_g[j] = g2
-        # ------------------------------------------------------------------ pass 2: encode
-        if fmt_id >= 2:
-            for u in range(lane, ng, 32):
-                t, c = u >> (ld - 6), (u << 6) & (D - 1)
-                w, d = _rq_src4(fmt_id, c32, scales, page, t, c, g)
-                i = u >> 5
-                if i < _RQ_KEEP:
-                    gm = keep[i]
-                else:
-                    gm, _ = _rq_pass1(fmt_id, w[0], w[1], d[0], np.float32(0.0), np.float32(0.0))
-                    gm, _ = _rq_pass1(fmt_id, w[2], w[3], d[1], gm, np.float32(0.0))
-                    gm, _ = _rq_pass1(fmt_id, w[4], w[5], d[2], gm, np.float32(0.0))
-                    gm, _ = _rq_pass1(fmt_id, w[6], w[7], d[3], gm, np.float32(0.0))
-                sb = group_scale(4, gm, g2)
-                r = group_mult(sb, g2)
-                if sb == E4M3_NAN:
-                    _st4(o32, (j, t, c >> 3), (0, 0, 0, 0))
-                    _st4(o32, (j, t, (c >> 3) + 4), (0, 0, 0, 0))
-                else:
-                    lo, hi = _rq_table(fmt_id, d[0], r)
-                    o0, o1 = _rq_encode(lo, hi, w[0], d[0], r), _rq_encode(lo, hi, w[1], d[0], r)
-                    if fmt_id != 4:  # nvfp4 / iso3: a table per 16-value source group
-                        lo, hi = _rq_table(fmt_id, d[1], r)
-                    o2, o3 = _rq_encode(lo, hi, w[2], d[1], r), _rq_encode(lo, hi, w[3], d[1], r)
-                    if fmt_id != 4:
-                        lo, hi = _rq_table(fmt_id, d[2], r)
-                    o4, o5 = _rq_encode(lo, hi, w[4], d[2], r), _rq_encode(lo, hi, w[5], d[2], r)
-                    if fmt_id != 4:
-                        lo, hi = _rq_table(fmt_id, d[3], r)
-                    o6, o7 = _rq_encode(lo, hi, w[6], d[3], r), _rq_encode(lo, hi, w[7], d[3], r)
-                    _st4(o32, (j, t, c >> 3), (o0, o1, o2, o3))
-                    _st4(o32, (j, t, (c >> 3) + 4), (o4, o5, o6, o7))
-                out_scales[j, t, c >> 6] = sb
-        else:
-            for base in range(0, nu, 32):  # warp-uniform trip count: every lane shuffles
-                u = base + lane
-                live = u < nu  # P * D is a multiple of 64: a 64-group is all live or all not
-                t, c = u >> (ld - 4), (u << 4) & (D - 1)
-                m = 0
-                w, s = _rq_src16(fmt_id, c32, scales, page, t if live else 0, c)  # page row 0 when not live
-                if live:
+    @cuda.jit
+    def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
+        P = codes.shape[1]
+        D = out_codes.shape[2] * 2
+        lane = cuda.threadIdx.x & 31
+        ld = _log2(D)
+        c32 = codes.view(np.uint32)
+        o32 = out_codes.view(np.uint32)
+        keep = cuda.local.array(_RQ_KEEP, np.float32)  # per-lane group maxima of pass 1 (local memory)
+        v = cuda.local.array(16, np.float32)  # bf16/int8: a unit's values (registers after unrolling)
+        gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
+        nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+        pd = P * D
+        ng = pd >> 6  # 64-groups in a page
+        nu = pd >> 4  # 16-value units
+        wpp = (pd * codes.itemsize) >> (3 if F >= 2 else 2)  # uint32 code words per page
+        for j in range(gw, pages.shape[0], nw):
+            page = np.int64(pages[j])
+            g = np.float32(gsrc[j])
+            wb = page * wpp
+            amax = np.float32(0.0)
+            # ------------------------------------------------------------------ pass 1: page amax
+            if F >= 2:
+                sb0 = page * (pd >> (6 if F == 4 else 4))
+                u = lane
+                nxt = _rq_raw4(F, c32, scales, wb, sb0, u, ng)
+                while u < ng:
+                    w, sbt = nxt
+                    nxt = _rq_raw4(F, c32, scales, wb, sb0, u + 32, ng)  # in flight during this unit
+                    d = _rq_steps(F, sbt, g)
+                    gm, amax = _rq_pass1(F, w[0], w[1], d[0], np.float32(0.0), amax)
+                    gm, amax = _rq_pass1(F, w[2], w[3], d[1], gm, amax)
+                    gm, amax = _rq_pass1(F, w[4], w[5], d[2], gm, amax)
+                    gm, amax = _rq_pass1(F, w[6], w[7], d[3], gm, amax)
+                    i = u >> 5
+                    if i < _RQ_KEEP:
+                        keep[i] = gm
+                    u += 32
+            else:
+                r0 = page * P
+                u = lane
+                nxt16 = _rq_raw16(F, c32, scales, wb, r0, u, nu, ld)
+                while u < nu:
+                    w16, s = nxt16
+                    nxt16 = _rq_raw16(F, c32, scales, wb, r0, u + 32, nu, ld)
+                    amax = _rq_amax16(F, w16, s, amax)
+                    u += 32
+            for sh in (16, 8, 4, 2, 1):
+                amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
+            g2 = global_scale_for(amax)
+            if lane == 0:
+                out_g[j] = g2
+            # ------------------------------------------------------------------ pass 2: encode
+            ob = np.int64(j) * (pd >> 3)  # output uint32 words
+            osb = np.int64(j) * ng
+            if F >= 2:
+                u = lane
+                nxt = _rq_raw4(F, c32, scales, wb, sb0, u, ng)
+                while u < ng:
+                    w, sbt = nxt
+                    nxt = _rq_raw4(F, c32, scales, wb, sb0, u + 32, ng)
+                    d = _rq_steps(F, sbt, g)
+                    i = u >> 5
+                    if i < _RQ_KEEP:
+                        gm = keep[i]
+                    else:
+                        gm, _ = _rq_pass1(F, w[0], w[1], d[0], np.float32(0.0), np.float32(0.0))
+                        gm, _ = _rq_pass1(F, w[2], w[3], d[1], gm, np.float32(0.0))
+                        gm, _ = _rq_pass1(F, w[4], w[5], d[2], gm, np.float32(0.0))
+                        gm, _ = _rq_pass1(F, w[6], w[7], d[3], gm, np.float32(0.0))
+                    sb = group_scale(4, gm, g2)
+                    r = group_mult(sb, g2)
+                    if sb == E4M3_NAN:
+                        _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
+                        _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
+                    else:
+                        lo, hi = _rq_table(F, d[0], r)
+                        o0, o1 = _rq_encode(lo, hi, w[0], d[0], r), _rq_encode(lo, hi, w[1], d[0], r)
+                        if F != 4:  # nvfp4 / iso3: a table per 16-value source group
+                            lo, hi = _rq_table(F, d[1], r)
+                        o2, o3 = _rq_encode(lo, hi, w[2], d[1], r), _rq_encode(lo, hi, w[3], d[1], r)
+                        if F != 4:
+                            lo, hi = _rq_table(F, d[2], r)
+                        o4, o5 = _rq_encode(lo, hi, w[4], d[2], r), _rq_encode(lo, hi, w[5], d[2], r)
+                        if F != 4:
+                            lo, hi = _rq_table(F, d[3], r)
+                        o6, o7 = _rq_encode(lo, hi, w[6], d[3], r), _rq_encode(lo, hi, w[7], d[3], r)
+                        _stf4(o32, ob + 8 * u, (o0, o1, o2, o3))
+                        _stf4(o32, ob + 8 * u + 4, (o4, o5, o6, o7))
+                    out_scales[j, u >> (ld - 6), u & ((D >> 6) - 1)] = sb
+                    u += 32
+            else:
+                base = 0
+                nxt16 = _rq_raw16(F, c32, scales, wb, r0, lane, nu, ld)
+                while base < nu:  # warp-uniform trip count: every lane shuffles
+                    u = base + lane
+                    live = u < nu  # P * D is a multiple of 64: a 64-group is all live or all not
+                    w16, s = nxt16
+                    nxt16 = _rq_raw16(F, c32, scales, wb, r0, u + 32, nu, ld)
+                    m = 0
                     for i in range(16):
-                        m = max(m, _absbits(_rq_val(fmt_id, w, i, s)))
-                sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 4)), g2)
-                r = group_mult(sb, g2)
-                if live:
-                    lo = 0
-                    hi = 0
-                    if sb != E4M3_NAN:
-                        for i in range(8):
-                            lo |= e2m1_enc_bits(_rq_val(fmt_id, w, i, s) * r) << (4 * i)
-                            hi |= e2m1_enc_bits(_rq_val(fmt_id, w, i + 8, s) * r) << (4 * i)
-                    _st2(o32, (j, t, c >> 3), (lo, hi))
-                    if (c & 63) == 0:
-                        out_scales[j, t, c >> 6] = sb
+                        v[i] = _rq_val(F, w16, i, s)
+                        m = max(m, _absbits(v[i]))
+                    sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 4)), g2)
+                    r = group_mult(sb, g2)
+                    if live:
+                        lo = 0
+                        hi = 0
+                        if sb != E4M3_NAN:
+                            for i in range(8):
+                                lo |= e2m1_enc_bits(v[i] * r) << (4 * i)
+                                hi |= e2m1_enc_bits(v[i + 8] * r) << (4 * i)
+                        _st2(o32, (j, u >> (ld - 4), ((u << 4) & (D - 1)) >> 3), (lo, hi))
+                        if (u & 3) == 0:
+                            out_scales[j, u >> (ld - 4), ((u << 4) & (D - 1)) >> 6] = sb
+                    base += 32
 
+    return requant
+
+
+append_cuda = {f: _make_append(f) for f in FORMAT_IDS.values()}
+dequant_pages_cuda = {f: _make_dequant(f) for f in FORMAT_IDS.values()}
+requant_c4g64_cuda = {f: _make_requant(f) for f in FORMAT_IDS.values()}
 
 # Device functions for other kernels (attention): decode one value, or a chunk into a local array.
 decode_value_dev = cuda.jit(device=True)(decode_value)
@@ -953,9 +1230,21 @@ def _check_head_dim(head_dim: int) -> None:
         raise ValueError(f"CUDA codec kernels need head_dim a power of two in 64..512, got {head_dim}")
 
 
-def _grid(units: int) -> int:
-    """Blocks for `units` warp work units (grid-stride loops take any excess)."""
-    return min(_MAX_BLOCKS, math.ceil(units / _WARPS))
+_RESIDENT: dict = {}
+
+
+def _grid(kernel, units: int) -> int:
+    """Blocks for `units` warp work units: at most as many as the device holds at once (a
+    persistent grid; grid-stride loops take the rest), so no part-filled last wave of blocks
+    idles the GPU. Residency comes from the occupancy API once the kernel is compiled (its first
+    launch, which compiles it, uses a fixed cap)."""
+    blocks = math.ceil(units / _WARPS)
+    if config.ENABLE_CUDASIM or not kernel.overloads:
+        return min(blocks, _MAX_BLOCKS)
+    key = (id(kernel), len(kernel.overloads))
+    if key not in _RESIDENT:
+        _RESIDENT[key] = min(k.max_cooperative_grid_blocks(32 * _WARPS) for k in kernel.overloads.values())
+    return max(1, min(blocks, _RESIDENT[key]))
 
 
 def _check_vec(*arrays) -> None:
@@ -966,6 +1255,14 @@ def _check_vec(*arrays) -> None:
                              f"rows, got strides {a.strides}")
 
 
+def _check_pages(*arrays) -> None:
+    """dequant / requant address pages flat (base + offset): pools and outputs C-contiguous."""
+    for a in arrays:
+        contiguous = a.flags["C_CONTIGUOUS"] if hasattr(a, "flags") else a.is_c_contiguous()
+        if a.size and not contiguous:
+            raise ValueError("CUDA codec kernels need C-contiguous page arrays")
+
+
 def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     """Quantize-append on the device (device or host arrays). The table must map every position."""
     T, H, D = x.shape
@@ -973,23 +1270,28 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     _check_vec(x, codes)
     units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if units:
-        append_cuda[_grid(units), 32 * _WARPS, stream](fmt_id, x, pos0, table, codes, scales, gscale)
+        k = append_cuda[int(fmt_id)]
+        k[_grid(k, units), 32 * _WARPS, stream](x, pos0, table, codes, scales, gscale)
 
 
 def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
     n, P, D = out.shape
     _check_head_dim(D)
     _check_vec(codes, out)
+    _check_pages(codes, scales, out)
     if n * P:
-        dequant_pages_cuda[_grid(n), 32 * _WARPS, stream](fmt_id, codes, scales, pages, gs, out)
+        k = dequant_pages_cuda[int(fmt_id)]
+        k[_grid(k, n), 32 * _WARPS, stream](codes, scales, pages, gs, out)
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
     _check_head_dim(out_codes.shape[2] * 2)
     _check_vec(codes, out_codes)
+    _check_pages(codes, scales, out_codes)
     if pages.shape[0] and codes.shape[1]:
-        requant_c4g64_cuda[_grid(pages.shape[0]), 32 * _WARPS, stream](
-            fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g)
+        k = requant_c4g64_cuda[int(fmt_id)]
+        k[_grid(k, pages.shape[0]), 32 * _WARPS, stream](
+            codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
 # ================================================================================== PTX check
@@ -1002,10 +1304,10 @@ def _sigs():
     for f in FORMAT_IDS.values():
         c, s = f"{_CODE_T[f]}[:,:,::1]", f"{_SCALE_T[f]}[:,:,::1]"
         out += [
-            (append_cuda, f"void(int64, float32[:,:,::1], int64, int32[:,::1], {c}, {s}, float32[::1])"),
-            (dequant_pages_cuda, f"void(int64, {c}, {s}, int32[::1], float32[::1], float32[:,:,::1])"),
-            (requant_c4g64_cuda, f"void(int64, {c}, {s}, int32[::1], float32[::1], "
-                                 "uint8[:,:,::1], uint8[:,:,::1], float32[::1])"),
+            (append_cuda[f], f"void(float32[:,:,::1], int64, int32[:,::1], {c}, {s}, float32[::1])"),
+            (dequant_pages_cuda[f], f"void({c}, {s}, int32[::1], float32[::1], float32[:,:,::1])"),
+            (requant_c4g64_cuda[f], f"void({c}, {s}, int32[::1], float32[::1], "
+                                    "uint8[:,:,::1], uint8[:,:,::1], float32[::1])"),
             (decode_value_dev, f"float32(int64, {c}, {s}, int64, int64, int64, float32)"),
             (dequantize_chunk_dev, f"void(int64, {c}, {s}, int64, int64, int64, int64, float32, "
                                    "float32[::1], int64)"),
