@@ -50,15 +50,16 @@ from coldkv.numba_kernels import quant as Q  # noqa: E402
 
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4),
            "iso3": (Q.ISO3, Q.ISO3), "nvfp4/iso3": (Q.NVFP4, Q.ISO3)}
-# The default rows run kernel="auto" (the tensor-core kernel, attention_mma). Variants, at
-# --variant-contexts on the first shape: "@fma" the fp32 CUDA-core kernel (the previous default,
-# before/after in the same run), "@t2" the untuned tensor-core kernel (16-token chunks, no register
-# cap), "@t4" 32-token chunks, "@r128" capped at 128 registers (4 blocks/SM), "@u64" uint64 indices.
-VARIANTS = {f"{f}@{v}": (f, kw) for f in ("nvfp4", "int8", "bf16")
-            for v, kw in [("fma", {"kernel": "fma"}), ("t2", {"kernel": "mma", "mma_tiles": 2}),
-                          ("t4", {"kernel": "mma", "mma_tiles": 4}),
-                          ("r128", {"kernel": "mma", "max_registers": 128}),
-                          ("u64", {"kernel": "mma", "mma_u64": True})]}
+# The default rows run kernel="auto" (the tensor-core kernel, attention_mma, uint64 indices and the
+# `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
+# the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build (the default
+# until uint64 measured faster), "@r0" no register cap, "@r128" capped at 128 registers (4 blocks
+# per SM), "@t4" 32-token chunks.
+_VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
+       "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4}}
+VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
+    ("nvfp4", "i64"), ("int8", "i64"), ("bf16", "i64"), ("nvfp4", "r0"), ("bf16", "r128"), ("iso3", "r128"),
+    ("nvfp4/iso3", "r128")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

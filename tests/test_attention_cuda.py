@@ -94,8 +94,11 @@ def _round_bf16(x):
 
 
 def _kernel_kw(kernel):
-    """Test names of the kernels -> paged_attention_cuda keywords ("mma_u64": uint64 indexing)."""
-    return {"kernel": "mma", "mma_u64": True} if kernel == "mma_u64" else {"kernel": kernel}
+    """Test names of the kernels -> paged_attention_cuda keywords: "mma" the tensor-core kernels
+    as `auto` picks them (rows kernel for T > 1), "mma_i64" the int64-index build, "mma_tok" the
+    decode kernel for T > 1 too (one query token per warp, the previous prefill path)."""
+    return {"mma_i64": {"kernel": "mma", "mma_u64": False},
+            "mma_tok": {"kernel": "mma", "mma_prefill": False}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -245,6 +248,13 @@ def test_device_position_arguments():
         A.paged_attention_cuda(q, q, 7, *args, plan_len=4)
 
 
+def test_plan_prefill():
+    # bundled model, 512-token chunk: 32 tokens per block (G 2), splits capped by the workspace
+    assert A.plan_prefill(512, 2, 2, 131072, 64, 132, 16) == (16, 16)
+    assert A.plan_prefill(512, 8, 4, 4096, 64, 132, 16) == (32, 3)  # 256 blocks already: ~4 per SM
+    assert A.plan_prefill(5, 1, 8, 100, 64, 132, 64) == (1, 2)  # at most one split per page
+
+
 def test_plan_splits():
     ppw, nblk = A.plan_splits(1, 8, 131072, 64, 132, 4096)
     assert ppw * nblk * A.NWARPS >= 2048 and nblk * 8 * A.NWARPS >= 132 * 8
@@ -290,7 +300,7 @@ def _sdpa(q, kd, vd, pos0, sm):
     return o[0].permute(1, 0, 2).cpu().numpy()
 
 
-KERNELS = ["fma", "mma", "mma_u64"]
+KERNELS = ["fma", "mma"]
 
 
 @pytest.mark.gpu
@@ -306,7 +316,48 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kname,vname,G,D,T,L,P", [
+    ("bf16", "bf16", 2, 128, 200, 3000, 64), ("int8", "int8", 2, 128, 77, 2000, 64),
+    ("nvfp4", "nvfp4", 2, 128, 512, 4100, 64), ("iso3", "iso3", 2, 128, 130, 1500, 32),
+    ("nvfp4", "iso3", 4, 128, 96, 2500, 64), ("int8", "nvfp4", 6, 256, 50, 1200, 64),
+    ("bf16", "int8", 1, 64, 70, 900, 16), ("iso3", "bf16", 8, 128, 40, 700, 8),
+    ("nvfp4", "bf16", 2, 128, 300, 300, 64)])  # a first chunk (pos0 = 0): rows see < 1 split
+def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P):
+    """The prefill kernel ((token, head) rows): every format as K and V, G 1..8 (G 6 and 8 leave
+    rows unused), pages smaller than its 16-token chunk, chunks not a multiple of its blocks."""
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L,
+                   ws=A.AttentionWorkspace(64, T, G * 2, D), kernel="mma")
+    check(*res)
+
+
+@pytest.mark.gpu
+def test_gpu_prefill_device_position():
+    """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
+    (bitwise, same plan) == reference, at three chunk positions of one cache."""
+    kf, vf, G, H, D, P, L, T = Q.NVFP4, Q.INT8, 2, 2, 128, 64, 3000, 256
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 21)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    q = np.random.default_rng(22).standard_normal((T, G * H, D)).astype(np.float32)
+    qd = cuda.to_device(q)
+    ws = A.AttentionWorkspace(16, T, G * H, D)
+    sm = 1 / math.sqrt(D)
+    pos_dev = cuda.to_device(np.zeros(1, np.int32))
+    for pos0 in (0, 1000, L - T):
+        pos_dev.copy_to_device(np.array([pos0], np.int32))
+        got = []
+        for p in (pos_dev, pos0):
+            o = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+            A.paged_attention_cuda(qd, o, p, sm, kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4], dev[5], ws,
+                                   plan_len=8192, kernel="mma")
+            got.append(o.copy_to_host())
+        np.testing.assert_array_equal(got[0], got[1])
+        n = pos0 + T
+        check(got[0], *references(q, kd[:n], vd[:n], pos0, sm, kf, vf, "mma"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_tok"])
 @pytest.mark.parametrize("kname,vname", [("nvfp4", "nvfp4"), ("bf16", "int8")])
 def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
     kf, vf = FMTS[kname], FMTS[vname]

@@ -96,6 +96,14 @@ dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806
               "=r,r,r", _u32, (_u32, _u32))
 
 
+# two E4M3 bytes (byte sel & 7 of {b, a} -> low, (sel >> 4) & 7 -> high, as prmt picks them) ->
+# fp16x2 (exact: every E4M3 value is a normal fp16); cvt keeps the byte order (low byte -> low half)
+e4m3x2 = _asm("{.reg .b32 t;\n .reg .b16 lo, hi;\n prmt.b32 t, $1, $2, $3;\n mov.b32 {lo, hi}, t;\n"
+              " cvt.rn.f16x2.e4m3x2 $0, lo;}",
+              "=r,r,r,r", _u32, (_u32, _u32, _u32))
+mul_f16x2 = _asm("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", _u32, (_u32, _u32))
+
+
 def _ldg(n):
     """n consecutive 32-bit words arr[i .. i+n) in one ld.global.nc.v{n} (i * 4 bytes aligned to n * 4)."""
     outs = ",".join("$%d" % i for i in range(n))
@@ -431,7 +439,371 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     return attn_mma
 
 
+def _build_prefill(kf: int, vf: int, G: int, D: int, devpos: bool, mt: int = 1, max_registers=None):
+    """Prefill (T > 1): a warp's 16 MMA rows are (query token, q head) pairs, TPM = 16 // G tokens
+    per m-tile and MT m-tiles per warp, so one K/V decode serves MT * TPM query tokens (the decode
+    kernel runs one token per warp and uses G of the 16 rows). Grid (query blocks of NWARPS * QT
+    tokens, splits of the pages, kv heads): the NWARPS warps of a block take consecutive query
+    tokens over the same pages (their loads share L1); blockIdx.y is the split, whose partial goes
+    to the workspace as in decode. Per row: the causal mask (key <= its position) and its own
+    online softmax. Scales are multiplied into the decoded 16-bit operands, exactly (E2M1 or ISO3
+    value x E4M3 scale has <= 7 significant bits and stays below 3136): K per (token, 16-dim
+    group) into B, V per (token, group) into A; int8's row scales on the K scores and into P."""
+    NS = D // 16
+    RWK, RWV = D // _VPW[kf], D // _VPW[vf]
+    SW = D // 64
+    MT = mt
+    TPM = 16 // G  # query tokens per m-tile (rows TPM * G..15 unused when G does not divide 16)
+    RU = TPM * G
+    QT = MT * TPM  # query tokens per warp
+    NT = 2
+    CH = 8 * NT
+    NT2 = NT // 2
+    K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
+    KW = NS if kf == INT8 else 2 * NS
+    mma_k = mma_bf16 if kf == BF16 else mma_f16
+    mma_v = mma_bf16 if vf == BF16 else mma_f16
+    pack_k = pack_bf16 if kf == BF16 else pack_f16
+    pack_v = pack_bf16 if vf == BF16 else pack_f16
+    read_pos = _pos_dev if devpos else _pos_int
+    IX = np.uint64
+    f32 = np.float32
+    u32 = np.uint32
+    i64 = np.int64
+
+    @cuda.jit(device=True, inline=True)
+    def load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid):
+        for v in range(NT2):
+            for i in range(4):
+                row = pv * P + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
+                for j in range(NS):
+                    if V4:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 2 * j + (gid >> 2))]
+                    elif vf == BF16:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
+                    else:
+                        vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
+                if V4:
+                    for w in range(SW):
+                        vsc[v, i, w] = v_scales[IX(row * SW + w)]
+                elif vf == INT8:
+                    vrs[v, i] = v_scales[IX(row)]
+
+    jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
+
+    @jit
+    def attn_mma_rows(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
+        pos0 = read_pos(pos)
+        T = q.shape[0]
+        split = cuda.blockIdx.y
+        h = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane >> 2
+        tig = lane & 3
+        hq0 = h * G
+        tq0 = (cuda.blockIdx.x * NWARPS + warp) * QT  # first query token of this warp
+        if tq0 >= T:
+            return
+        tq_last = min(tq0 + QT, T) - 1
+        L = pos0 + tq_last + 1  # keys the warp's last token sees
+        npages = (L + P - 1) // P
+        nsplit = cuda.gridDim.y
+        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
+        p_begin = split * ppw
+        p_end = min(p_begin + ppw, npages)
+        kc = f32(1.0) / gscale[0, h]
+
+        # ---- q as the A operand: m-tile mt, row r = (token tq0 + mt*TPM + r // G, head r % G)
+        qa = cuda.local.array((MT, NS, 4), np.uint32)
+        rpos = cuda.local.array((MT, 2), np.int64)  # position of rows gid, gid + 8: keys <= it
+        for m in range(MT):
+            for hi in range(2):
+                r = gid + 8 * hi
+                tq = tq0 + m * TPM + r // G
+                rpos[m, hi] = pos0 + min(tq, tq_last)
+                ok = r < RU and tq < T
+                for s in range(NS):
+                    if K4:
+                        d0 = 16 * s + tig
+                        d1 = d0 + 4
+                        d2 = d0 + 8
+                        d3 = d0 + 12
+                    else:
+                        d0 = 16 * s + 4 * tig
+                        d1 = d0 + 1
+                        d2 = d0 + 2
+                        d3 = d0 + 3
+                    x0 = f32(0.0)
+                    x1 = f32(0.0)
+                    x2 = f32(0.0)
+                    x3 = f32(0.0)
+                    if ok:
+                        hq = hq0 + r % G
+                        x0 = q[tq, hq, d0] * qscale
+                        x1 = q[tq, hq, d1] * qscale
+                        x2 = q[tq, hq, d2] * qscale
+                        x3 = q[tq, hq, d3] * qscale
+                    qa[m, s, hi] = pack_k(x0, x1)  # a0 (row gid) / a1 (row gid + 8)
+                    qa[m, s, 2 + hi] = pack_k(x2, x3)  # a2 / a3
+
+        # O^T fragments per (m-tile, n-tile of 8 rows, 16-dim group): (d, row 2tig | 2tig+1)
+        acc = cuda.local.array((MT, 2, NS, 4), np.float32)
+        for m in range(MT):
+            for n in range(2):
+                for j in range(NS):
+                    for i in range(4):
+                        acc[m, n, j, i] = f32(0.0)
+        m_run = cuda.local.array((MT, 2), np.float32)  # rows gid, gid + 8 of each m-tile
+        l_run = cuda.local.array((MT, 2), np.float32)
+        for m in range(MT):
+            for hi in range(2):
+                m_run[m, hi] = _NEG_INF
+                l_run[m, hi] = f32(0.0)
+        kreg = cuda.local.array((NT, KW), np.uint32)
+        ksw = cuda.local.array((NT, SW), np.uint32)
+        krs = cuda.local.array((NT, 2), np.float32)
+        sv = cuda.local.array((MT, NT, 4), np.float32)
+        vreg = cuda.local.array((NT2, 4, NS), np.uint32)
+        vsc = cuda.local.array((NT2, 4, SW), np.uint32)
+        vrs = cuda.local.array((NT2, 4), np.float32)
+        ck = cuda.local.array(4, np.float32)
+        shk = u32(4 * tig)
+        shv = u32(4 * (gid & 3))
+        bsel = gid & 1
+        sel_i8 = u32(bsel | ((4 + bsel) << 4) | ((2 + bsel) << 8) | ((6 + bsel) << 12))
+
+        for p in range(p_begin, p_end):
+            pk = i64(table[0, h, IX(p)])
+            pv = i64(table[1, h, IX(p)])
+            if pk < 0 or pv < 0:
+                continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
+            nval = min(P, L - p * P)
+            last = nval - 1
+            for c0 in range(0, nval, CH):
+                # ---------------- K loads: the row of token gid of each 8-token tile (clamped)
+                for u in range(NT):
+                    row = pk * P + min(c0 + 8 * u + gid, last)
+                    if K4:
+                        for m4 in range(KW // 4):
+                            a, b, c, d = ldg4(k_words, row * RWK + 4 * m4)
+                            kreg[u, 4 * m4] = a
+                            kreg[u, 4 * m4 + 1] = b
+                            kreg[u, 4 * m4 + 2] = c
+                            kreg[u, 4 * m4 + 3] = d
+                        for w in range(SW):  # group scales of the same token (B's column)
+                            ksw[u, w] = k_scales[IX(row * SW + w)]
+                    elif kf == BF16:
+                        for s in range(NS):
+                            a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
+                            kreg[u, 2 * s] = a
+                            kreg[u, 2 * s + 1] = b
+                    else:
+                        for s in range(NS):
+                            kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
+                        for i in range(2):  # row scales of the score columns' tokens
+                            krs[u, i] = k_scales[IX(pk * P + min(c0 + 8 * u + 2 * tig + i, last))]
+                # ---------------- K: scores S[row, tok] of every m-tile from one decode of K
+                for u in range(NT):
+                    for m in range(MT):
+                        for i in range(4):
+                            sv[m, u, i] = f32(0.0)
+                    for s in range(NS):
+                        if K4:
+                            w = ksw[u, s >> 2]
+                            bsh = u32(s & 3)
+                            sp = e4m3x2(w, w, bsh | (bsh << 4))  # (scale, scale) of token gid
+                            if kf == NVFP4:
+                                b0 = mul_f16x2(dec_e2m1(kreg[u, 2 * s], shk), sp)
+                                b1 = mul_f16x2(dec_e2m1(kreg[u, 2 * s + 1], shk), sp)
+                            else:
+                                b0 = mul_f16x2(dec_iso3(kreg[u, 2 * s], shk), sp)
+                                b1 = mul_f16x2(dec_iso3(kreg[u, 2 * s + 1], shk), sp)
+                        elif kf == BF16:
+                            b0 = kreg[u, 2 * s]
+                            b1 = kreg[u, 2 * s + 1]
+                        else:
+                            w = kreg[u, s]
+                            b0 = dec_i8(w, 0x5140)
+                            b1 = dec_i8(w, 0x7362)
+                        for m in range(MT):
+                            r0, r1, r2, r3 = mma_k(qa[m, s, 0], qa[m, s, 1], qa[m, s, 2], qa[m, s, 3], b0, b1,
+                                                   sv[m, u, 0], sv[m, u, 1], sv[m, u, 2], sv[m, u, 3])
+                            sv[m, u, 0] = r0
+                            sv[m, u, 1] = r1
+                            sv[m, u, 2] = r2
+                            sv[m, u, 3] = r3
+                    if K4:
+                        ck[0] = kc
+                        ck[1] = kc
+                    elif kf == INT8:
+                        ck[0] = krs[u, 0]
+                        ck[1] = krs[u, 1]
+                    else:
+                        ck[0] = f32(1.0)
+                        ck[1] = f32(1.0)
+                    tok = c0 + 8 * u + 2 * tig  # in-page index of columns 2tig, 2tig + 1
+                    kp = p * P + tok  # their key position: causal mask per row
+                    for m in range(MT):
+                        for i in range(4):
+                            x = sv[m, u, i] * ck[i & 1]
+                            ok = tok + (i & 1) < nval and kp + (i & 1) <= rpos[m, i >> 1]
+                            sv[m, u, i] = x if ok else _NEG_INF
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid)
+                # ---------------- softmax per row (rows gid, gid + 8 of each m-tile; 4 lanes a row)
+                for m in range(MT):
+                    for hi in range(2):
+                        mx = _NEG_INF
+                        for u in range(NT):
+                            mx = max(mx, max(sv[m, u, 2 * hi], sv[m, u, 2 * hi + 1]))
+                        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
+                        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
+                        ck[hi] = mx
+                    need0 = ck[0] > m_run[m, 0] + _LAZY
+                    need1 = ck[1] > m_run[m, 1] + _LAZY
+                    if cuda.any_sync(0xFFFFFFFF, need0 or need1):  # rare: a running max moves
+                        # (a row that has seen no key yet has m = -inf: alpha only where it moves)
+                        al0 = f32(1.0)
+                        al1 = f32(1.0)
+                        if need0:
+                            al0 = math.exp2(m_run[m, 0] - ck[0])
+                            m_run[m, 0] = ck[0]
+                            l_run[m, 0] *= al0
+                        if need1:
+                            al1 = math.exp2(m_run[m, 1] - ck[1])
+                            m_run[m, 1] = ck[1]
+                            l_run[m, 1] *= al1
+                        # acc column (row) 2tig + i of n-tile n: alpha of row 8n + 2tig + i, held by
+                        # lane 4 (2tig + i) in slot n
+                        a00 = cuda.shfl_sync(0xFFFFFFFF, al0, 8 * tig)
+                        a01 = cuda.shfl_sync(0xFFFFFFFF, al0, 8 * tig + 4)
+                        a10 = cuda.shfl_sync(0xFFFFFFFF, al1, 8 * tig)
+                        a11 = cuda.shfl_sync(0xFFFFFFFF, al1, 8 * tig + 4)
+                        for j in range(NS):
+                            acc[m, 0, j, 0] *= a00
+                            acc[m, 0, j, 1] *= a01
+                            acc[m, 0, j, 2] *= a00
+                            acc[m, 0, j, 3] *= a01
+                            acc[m, 1, j, 0] *= a10
+                            acc[m, 1, j, 1] *= a11
+                            acc[m, 1, j, 2] *= a10
+                            acc[m, 1, j, 3] *= a11
+                    for u in range(NT):
+                        for i in range(4):
+                            sc = sv[m, u, i]
+                            pr = math.exp2(sc - m_run[m, i >> 1]) if sc > _NEG_INF else f32(0.0)
+                            l_run[m, i >> 1] += pr
+                            sv[m, u, i] = pr
+                # ---------------- V: O^T += V^T P^T per 16-token step; one V decode, 2 MT n-tiles
+                for v in range(NT2):
+                    for j in range(NS):
+                        x0 = vreg[v, 0, j]
+                        x1 = vreg[v, 1, j]
+                        x2 = vreg[v, 2, j]
+                        x3 = vreg[v, 3, j]
+                        if V4:
+                            w = j >> 2
+                            bsh = u32(j & 3)
+                            sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], bsh | ((bsh + 4) << 4))  # tokens t0 | t1
+                            sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], bsh | ((bsh + 4) << 4))
+                            z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)
+                            z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)
+                            z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
+                            z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
+                            if vf == NVFP4:
+                                a0 = mul_f16x2(dec_e2m1(z0, 0), sp01)
+                                a1 = mul_f16x2(dec_e2m1(z1, 0), sp01)
+                                a2 = mul_f16x2(dec_e2m1(z2, 0), sp23)
+                                a3 = mul_f16x2(dec_e2m1(z3, 0), sp23)
+                            else:
+                                a0 = mul_f16x2(dec_iso3(z0, 0), sp01)
+                                a1 = mul_f16x2(dec_iso3(z1, 0), sp01)
+                                a2 = mul_f16x2(dec_iso3(z2, 0), sp23)
+                                a3 = mul_f16x2(dec_iso3(z3, 0), sp23)
+                        elif vf == BF16:
+                            a0 = prmt(x0, x1, 0x5410)
+                            a1 = prmt(x0, x1, 0x7632)
+                            a2 = prmt(x2, x3, 0x5410)
+                            a3 = prmt(x2, x3, 0x7632)
+                        else:
+                            z01 = prmt(x0, x1, sel_i8)
+                            z23 = prmt(x2, x3, sel_i8)
+                            a0 = dec_i8(z01, 0x5140)
+                            a1 = dec_i8(z01, 0x7362)
+                            a2 = dec_i8(z23, 0x5140)
+                            a3 = dec_i8(z23, 0x7362)
+                        for m in range(MT):
+                            for n in range(2):
+                                # B = P^T of rows 8n..8n+7: tokens 2tig, 2tig+1 | 2tig+8, 2tig+9
+                                p0 = sv[m, 2 * v, 2 * n]
+                                p1 = sv[m, 2 * v, 2 * n + 1]
+                                p2 = sv[m, 2 * v + 1, 2 * n]
+                                p3 = sv[m, 2 * v + 1, 2 * n + 1]
+                                if vf == INT8:
+                                    bb0 = pack_v(p0 * vrs[v, 0], p1 * vrs[v, 1])
+                                    bb1 = pack_v(p2 * vrs[v, 2], p3 * vrs[v, 3])
+                                else:
+                                    bb0 = pack_v(p0, p1)
+                                    bb1 = pack_v(p2, p3)
+                                r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, bb0, bb1, acc[m, n, j, 0], acc[m, n, j, 1],
+                                                       acc[m, n, j, 2], acc[m, n, j, 3])
+                                acc[m, n, j, 0] = r0
+                                acc[m, n, j, 1] = r1
+                                acc[m, n, j, 2] = r2
+                                acc[m, n, j, 3] = r3
+
+        # ---------------- the warp's partials, one per valid row
+        vc = f32(1.0)
+        if V4:
+            vc = f32(1.0) / gscale[1, h]
+        for m in range(MT):
+            for hi in range(2):
+                x = l_run[m, hi]
+                x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+                x += cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+                r = gid + 8 * hi
+                tq = tq0 + m * TPM + r // G
+                if tig == 0 and r < RU and tq < T:
+                    ws_ml[split, tq, hq0 + r % G, 0] = m_run[m, hi]
+                    ws_ml[split, tq, hq0 + r % G, 1] = x
+            for n in range(2):
+                for i in range(2):
+                    r = 8 * n + 2 * tig + i
+                    tq = tq0 + m * TPM + r // G
+                    if r < RU and tq < T:
+                        hq = hq0 + r % G
+                        for j in range(NS):
+                            if V4:
+                                dr = 16 * j + 8 * (gid >> 2) + (gid & 3)
+                                dr8 = dr + 4
+                            elif vf == BF16:
+                                dr = 16 * j + 2 * gid
+                                dr8 = dr + 1
+                            else:
+                                dr = 16 * j + 4 * (gid >> 1) + (gid & 1)
+                                dr8 = dr + 2
+                            ws_acc[split, tq, hq, dr] = acc[m, n, j, i] * vc
+                            ws_acc[split, tq, hq, dr8] = acc[m, n, j, 2 + i] * vc
+
+    return attn_mma_rows
+
+
+def prefill_tokens_per_block(G: int, mt: int = 1) -> int:
+    return NWARPS * mt * (16 // G)
+
+
 _KERNELS: dict = {}
+_PREFILL: dict = {}
+
+
+def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers)
+    if key not in _PREFILL:
+        if not supports(kf, vf, G, D):
+            raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
+        _PREFILL[key] = _build_prefill(*key)
+    return _PREFILL[key]
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
@@ -459,6 +831,12 @@ def _ptx_signatures():
             (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
             (get_kernel(INT8, NVFP4, 4, 128, u64=True), kernel_sig(INT8, NVFP4))]
+    out += [(get_prefill_kernel(f, f, 2, 128), kernel_sig(f, f)) for f in fm]
+    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128), kernel_sig(NVFP4, ISO3)),
+            (get_prefill_kernel(INT8, NVFP4, 6, 256), kernel_sig(INT8, NVFP4)),
+            (get_prefill_kernel(BF16, INT8, 1, 64), kernel_sig(BF16, INT8)),
+            (get_prefill_kernel(ISO3, BF16, 8, 128, True), kernel_sig(ISO3, BF16, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, mt=2), kernel_sig(NVFP4, NVFP4))]
     return out
 
 
