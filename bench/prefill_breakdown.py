@@ -80,7 +80,7 @@ def per_chunk(backend, ids, table, chunk) -> list[dict]:
             e0, e1 = cuda.event(), cuda.event()
             e0.record(s)
             t = time.perf_counter()
-            backend._step(T, pos0, cache, False, tok=tok, pos=pos, logits=start + chunk >= len(ids))
+            backend._step(T, pos0, cache, False, tok=tok, pos=pos, head="logits" if start + chunk >= len(ids) else None)
             enq = time.perf_counter() - t
             e1.record(s)
             e1.synchronize()

@@ -215,3 +215,26 @@ def test_prefill_graphs_equal_eager_and_match_forward(bundled):
         if name == "bf16":
             assert diff <= 1e-3 * np.abs(c).max()
         assert a.argmax() == c.argmax()
+
+
+def test_gpu_sampling_in_the_decode_graph(bundled):
+    """decode() draws on the GPU inside the captured step: each draw == the sampling spec applied
+    to that step's logits at step k; greedy decode == argmax; a seeded generate repeats itself."""
+    from coldkv.numba_kernels.sampling import sample_ref
+    from coldkv.runtime.sampling import Sampler, SamplingParams
+
+    d, tok, cpu, gpu, ref = bundled
+    table = resolve_table("nvfp4", cpu.args.num_hidden_layers)
+    prompt = np.array(ref["seq"][:ref["n"]])
+    for params in (SamplingParams(), SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=5)):
+        cache = gpu.new_cache(table, len(prompt) + 8)
+        sampler = Sampler(params)
+        token = sampler(gpu.prefill(prompt, cache, 512))
+        for k in range(6):  # eager, capture, replays
+            token_next = gpu.decode(token, cache, sampler)
+            logits = gpu.logits.copy_to_host()[0]
+            assert token_next == sample_ref(logits, params.temperature, params.top_k, params.top_p, params.seed, k)
+            token = token_next
+    p = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+    runs = [generate(gpu, tok, list(prompt), table=table, max_new_tokens=12, sampling=p).tokens for _ in range(2)]
+    assert runs[0] == runs[1]

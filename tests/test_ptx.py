@@ -19,6 +19,7 @@ PTX_MODULES = [
     "coldkv.numba_kernels.attention_mma",
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
+    "coldkv.numba_kernels.sampling",
 ]
 
 

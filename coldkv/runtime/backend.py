@@ -20,6 +20,7 @@ from coldkv.errors import DeviceError, PlanError
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.kv_cache import PagedKVCache, kv_bytes_per_token
 from coldkv.runtime.kv_table import KVTable
+from coldkv.runtime.sampling import Sampler
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -49,6 +50,9 @@ class Backend(Protocol):
                 on_progress: Callable[[int], None] | None = None) -> np.ndarray:
         """A prompt in chunks of at most `chunk` tokens -> float32 logits [vocab] after its last token;
         on_progress(tokens done) as chunks finish."""
+
+    def decode(self, token: int, cache: KVCache, sampler: Sampler) -> int:
+        """Append one token; -> the next one, drawn by `sampler`'s rules."""
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         """Raise PlanError if a cache of max_tokens with this table cannot fit."""
@@ -143,6 +147,9 @@ class CPUBackend:
             if on_progress:
                 on_progress(min(start + chunk, len(tokens)))
         return logits
+
+    def decode(self, token: int, cache: PagedKVCache, sampler: Sampler) -> int:
+        return sampler(self.forward(np.array([token]), cache))
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a = self.args

@@ -26,12 +26,14 @@ from numba import cuda
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, paged_attention_cuda
+from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
 from coldkv.runtime.gemm import CublasGemm
 from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache, device_kv_nbytes
 from coldkv.runtime.kv_table import KVTable
 from coldkv.runtime.rope import Rope
+from coldkv.runtime.sampling import Sampler
 from coldkv.runtime.safetensors_io import bf16_bits_to_f32
 
 MAX_CHUNK = 512  # tokens per device pass; longer inputs are split (prefill chunks are this size)
@@ -87,10 +89,11 @@ class CUDABackend:
         self.sm_scale = float(a.head_dim) ** -0.5
         self._alloc_buffers()
         self._rope_rows = 0
-        # captured passes of one cache, by (tokens, with logits): None after the eager first pass.
+        # captured passes of one cache, by (tokens, head): None after the eager first pass.
         # Graphs hold the cache's pool and table addresses, so a new cache means new captures.
         self._graph_cache: DevicePagedKVCache | None = None
-        self._graphs: dict[tuple[int, bool], CapturedGraph | None] = {}
+        self._graphs: dict[tuple[int, str | None], CapturedGraph | None] = {}
+        self._sampler: Sampler | None = None  # whose rules and seed are in sample_params / sample_state
 
     # -- buffers ------------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
@@ -113,6 +116,10 @@ class CUDABackend:
         self.tok = dev(T, np.int32)
         self.pos_host = cuda.pinned_array(1, np.int32)
         self.pos = dev(1, np.int32)  # the chunk's first position, read by kernels (graph-safe)
+        self.sample_params = dev(3, f32)  # temperature, top_k, top_p: numba_kernels/sampling.py
+        self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
+        self.sample_host = cuda.pinned_array(1, np.int32)
+        self.sample_out = dev(1, np.int32)
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
 
@@ -167,7 +174,7 @@ class CUDABackend:
         self.tok.copy_to_device(self.tok_host, stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
         if T == 1 and not all_logits and cache.calibrated.all():
-            out = self._graphed_step(1, cache, logits=True)
+            out = self._graphed_step(1, cache, "logits")
         else:
             out = self._step(T, pos0, cache, all_logits)
         host = np.empty(out.shape, np.float32) if all_logits else self.logits_host
@@ -196,11 +203,11 @@ class CUDABackend:
             if T == chunk and cache.calibrated.all():  # a full chunk: graph replay, ids and position copied in
                 self.tok[:T].copy_to_device(tok_dev[start:start + T], stream=s)
                 self.pos.copy_to_device(pos_dev[c:c + 1], stream=s)
-                self._graphed_step(T, cache, logits=False)
+                self._graphed_step(T, cache, None)
                 out = self._head(T, False) if last else None
             else:  # a layer's first chunk (it fixes the 4-bit scales) or a short last one
                 out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
-                                 pos=pos_dev[c:c + 1], logits=last)
+                                 pos=pos_dev[c:c + 1], head="logits" if last else None)
             ev = cuda.event(timing=False)
             ev.record(s)
             done.append((ev, start + T))
@@ -216,29 +223,53 @@ class CUDABackend:
                 on_progress(n_done)
         return self.logits_host[0].copy()
 
-    def _graphed_step(self, T: int, cache: DevicePagedKVCache, logits: bool):
+    def decode(self, token: int, cache: DevicePagedKVCache, sampler: Sampler) -> int:
+        """Append one token; -> the next, drawn on the GPU (numba_kernels/sampling.py: the host's
+        rules, its own reproducible draws) inside the captured step, so 4 bytes come back instead
+        of the logits. A new sampler (a new generate) uploads its rules and seed, step 0."""
+        s = self.stream
+        if self._sampler is not sampler:
+            p = sampler.params
+            self.sample_params.copy_to_device(np.array([p.temperature, p.top_k, p.top_p], np.float32), stream=s)
+            self.sample_state.copy_to_device(np.array([p.seed, 0], np.int64), stream=s)
+            self._sampler = sampler
+        pos0 = cache.extend(1)
+        self.tok_host[0], self.pos_host[0] = token, pos0
+        cache.sync(s)
+        self.tok.copy_to_device(self.tok_host, stream=s)
+        self.pos.copy_to_device(self.pos_host, stream=s)
+        if cache.calibrated.all():
+            self._graphed_step(1, cache, "sample")
+        else:  # a cache whose prompt was empty
+            self._step(1, pos0, cache, False, head="sample")
+        self.sample_out.copy_to_host(self.sample_host, stream=s)
+        s.synchronize()
+        return int(self.sample_host[0])
+
+    def _graphed_step(self, T: int, cache: DevicePagedKVCache, head: str | None):
         """A pass over the T tokens in self.tok, first position in self.pos (device-position mode,
         so one capture serves every decode step / every full prefill chunk). The first pass of a
-        (cache, T, logits) runs eagerly (it compiles those kernel variants), the second is
+        (cache, T, head) runs eagerly (it compiles those kernel variants), the second is
         captured, later ones replay. -> the logits buffer, or None."""
         if self._graph_cache is not cache:
             self._graph_cache, self._graphs = cache, {}
-        key = (T, logits)
+        key = (T, head)
         if not self.graphs or key not in self._graphs:
             self._graphs[key] = None
-            return self._step(T, None, cache, False, logits=logits)
+            return self._step(T, None, cache, False, head=head)
         if self._graphs[key] is None:
-            self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, logits=logits))
+            self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, head=head))
         self._graphs[key].launch()
-        return self.logits if logits else None
+        return self.logits if head else None
 
     # -- the pass -----------------------------------------------------------------------------------
     def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool, tok=None, pos=None,
-              logits: bool = True):
+              head: str | None = "logits"):
         """Enqueue one pass over T tokens: ids in `tok` [T] (default self.tok), first position in
         `pos` [1] (default self.pos) on the device and pos0 on the host. pos0 None: a captured decode
         step, where attention reads the position from the device and plans its splits for the
-        cache's whole length. logits False: skip the head (a prompt chunk before the last)."""
+        cache's whole length. head: "logits" (final norm + LM head), "sample" (and draw the next
+        token into sample_out), None (a prompt chunk before the last)."""
         a, s, gemm = self.args, self.stream, self.gemm
         tok = self.tok[:T] if tok is None else tok
         pos = self.pos if pos is None else pos
@@ -273,7 +304,12 @@ class CUDABackend:
             gemm(h, lw.w_gate_up, self.gu[:T])
             L.launch_swiglu(self.gu[:T], self.act16[:T], s)
             gemm(self.act16[:T], lw.w_down, x, accumulate=True)
-        return self._head(T, all_logits) if logits else None
+        if head is None:
+            return None
+        out = self._head(T, all_logits)
+        if head == "sample":
+            launch_sample(out[0], self.sample_params, self.sample_state, self.sample_out, s)
+        return out
 
     def _head(self, T: int, all_logits: bool):
         """Final norm + LM head over the last pass's rows in self.x: -> logits [1 or T, vocab]."""

@@ -108,8 +108,9 @@ def generate(
     budget = max_tokens - len(prompt_ids)  # max_new_tokens, or less where the context ends first
     finish = "length" if budget == max_new_tokens else "context"
     steps, decode_s = 0, 0.0
+    next_token = sampler(logits)  # the prompt's logits come to the host; later draws are the backend's
     while len(tokens) < budget:
-        token = sampler(logits)
+        token = next_token
         if token in eos:
             finish = "eos"
             break
@@ -121,7 +122,7 @@ def generate(
         if len(tokens) == budget:
             break
         t = time.perf_counter()
-        logits = backend.forward(np.array([token]), cache)
+        next_token = backend.decode(token, cache, sampler)
         decode_s += time.perf_counter() - t
         steps += 1
     emit(stream.flush())

@@ -31,9 +31,15 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> int:
         """logits [vocab] -> token id."""
-        p = self.params
-        if p.temperature == 0:
+        if self.params.temperature == 0:
             return int(np.argmax(logits))
+        probs = self.probs(logits)
+        return int(self.rng.choice(probs.shape[0], p=probs))
+
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """The distribution a draw comes from (temperature > 0): float64 [vocab], zero outside
+        the top-k / top-p set."""
+        p = self.params
         z = logits.astype(np.float64) / p.temperature
         if 0 < p.top_k < z.shape[0]:
             kth = np.partition(z, -p.top_k)[-p.top_k]
@@ -47,4 +53,4 @@ class Sampler:
             mask = np.zeros_like(probs)
             mask[keep] = probs[keep]
             probs = mask / mask.sum()
-        return int(self.rng.choice(probs.shape[0], p=probs))
+        return probs
