@@ -540,9 +540,11 @@ def _cold_in_range(table, n_pages: int) -> bool:
 
 
 # (K fmt, V fmt, G, D) -> (mma_tiles, max_registers) where a measured variant beat the default:
-# H200, commit a077aa6, 131072 tokens, 32/8/128: nvfp4 default 452 us, @r128 188 us, @t4 213 us
-# (bench/results/attention_decode.json; docs/kernels.md discusses the default's outlier).
-_MMA_TUNED = {(NVFP4, NVFP4, 4, 128): (0, 128)}
+# H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
+# 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
+# (bench/results/attention_decode_variants_cc0384c.json). int8 compiles to 128 registers uncapped.
+_MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128), (NVFP4, NVFP4, 4, 128): (0, 128), (ISO3, ISO3, 4, 128): (0, 128),
+              (NVFP4, ISO3, 4, 128): (0, 128)}
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
