@@ -182,8 +182,16 @@ def copy_baselines(n, repeats):
 
 
 def run_gpu(args, save):
-    """Validate then time every (op, format); save(results) after each format (partial runs keep data)."""
+    """Validate then time every (op, format) of each kernel module (--variants: the same ops from
+    other versions of quant.py, timed in the same run); save(results) after each format."""
+    import importlib
+
     from coldkv.numba_kernels import quant as Q
+
+    modules = [("current", Q)]
+    for spec in filter(None, args.variants.split(",")):
+        name, mod = spec.split("=")
+        modules.append((name, importlib.import_module(mod)))
 
     D, P, H = args.head_dim, args.page_tokens, args.heads
     ws = int(args.gib * GIB)
@@ -191,12 +199,6 @@ def run_gpu(args, save):
     T -= T % P
     n_lp = T // P
     results = {"copy": {}, "ops": []}
-
-    # --- baselines
-    results["copy"] = copy_baselines(ws // 4, args.repeats)
-    copy_gbs = results["copy"]["copy"]["GBps"]
-    print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" for k, v in results["copy"].items() if k != "copy"),
-          flush=True)
 
     # --- data: x [T, H, D] fp32 (a 64 MiB random block tiled on the device), per-head globals
     rng = np.random.default_rng(0)
@@ -213,16 +215,16 @@ def run_gpu(args, save):
         c, s = Q.pool_arrays(f, 1, P, D)
         return pages * (c.nbytes + s.nbytes)
 
-    torch_gbs = results["copy"].get("torch_d2d", {}).get("GBps")
-
     def record(**r):
         r["GBps"] = r["bytes"] / r["ms"] / 1e6
-        r["ratio_to_copy"] = r["GBps"] / copy_gbs
+        r["ratio_to_copy"] = r["GBps"] / results["copy"]["copy"]["GBps"]
+        torch_gbs = results["copy"].get("torch_d2d", {}).get("GBps")
         if torch_gbs:
             r["ratio_to_torch_copy"] = r["GBps"] / torch_gbs
         results["ops"].append(r)
 
-    for f in FMTS:
+    def validate(Q, f):
+        """device == njit CPU kernel == numpy reference on two pages; compiles the kernels."""
         fid = Q.FORMAT_IDS[f]
         # validate on a small problem: device == njit CPU kernel == numpy reference (tested)
         xs = xb[: 2 * P]
@@ -248,61 +250,78 @@ def run_gpu(args, save):
             assert np.array_equal(goc[i], rc) and np.array_equal(gos[i], rs), (f, "requant")
             assert np.float32(gog[i]) == np.float32(rg), (f, "requant g")
 
-        # append: the whole x into a shuffled pool
-        table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
-        d_table = cuda.to_device(table)
-        c0, s0 = Q.pool_arrays(f, 1, P, D)
-        codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
-        scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
-        ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g), args.repeats)
-        moved = T * H * D * 4 + pool_bytes(f, H * n_lp)
-        # spot-check the big output against the reference
-        for h, lp in ((0, 0), (H - 1, n_lp - 1), (H // 2, n_lp // 2)):
-            rows = xb[(lp * P + np.arange(P)) % block_rows, h]  # x is xb tiled
-            rc, rs = Q.ref_quantize(rows, fid, g[h])
-            assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
-            if rs.size:  # bf16 has zero scale columns (a 0-size device array copies back oddly)
-                assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
-        record(op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
+    # compile and validate everything first, then (after --wait-pid: a GPU test run sharing the
+    # device) time
+    for kname, Q in modules:
+        for f in FMTS:
+            validate(Q, f)
+    print("validated: " + ", ".join(k for k, _ in modules), flush=True)
+    if args.wait_pid:
+        while os.path.exists(f"/proc/{args.wait_pid}"):
+            time.sleep(0.5)
+    # --- baselines
+    results["copy"] = copy_baselines(ws // 4, args.repeats)
+    print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" for k, v in results["copy"].items() if k != "copy"),
+          flush=True)
 
-        # dequantize every page of the pool into fp32 [n, P, D]
-        npages = H * n_lp
-        pages = rng.permutation(npages).astype(np.int32)
-        gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
-        d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
-        out = cuda.device_array((npages, P, D), np.float32)
-        ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
-        moved = pool_bytes(f, npages) + npages * P * D * 4
-        for j in (0, npages - 1, npages // 3):
-            ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
-            assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
-        record(op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw)
-        del out
+    for kname, Q in modules:
+        for f in FMTS:
+            fid = Q.FORMAT_IDS[f]
+            # append: the whole x into a shuffled pool
+            table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
+            d_table = cuda.to_device(table)
+            c0, s0 = Q.pool_arrays(f, 1, P, D)
+            codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
+            scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
+            ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g), args.repeats)
+            moved = T * H * D * 4 + pool_bytes(f, H * n_lp)
+            # spot-check the big output against the reference
+            for h, lp in ((0, 0), (H - 1, n_lp - 1), (H // 2, n_lp // 2)):
+                rows = xb[(lp * P + np.arange(P)) % block_rows, h]  # x is xb tiled
+                rc, rs = Q.ref_quantize(rows, fid, g[h])
+                assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
+                if rs.size:  # bf16 has zero scale columns (a 0-size device array copies back oddly)
+                    assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
+            record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
 
-        # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
-        per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
-        nreq = max(1, math.ceil(ws / per_page))
-        rpages = np.resize(pages, nreq).astype(np.int32)
-        rgs = np.resize(gs, nreq).astype(np.float32)
-        d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
-        oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
-        oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
-        os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
-        og = cuda.device_array(nreq, np.float32)
-        ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
-        moved = nreq * per_page
-        for j in (0, nreq - 1, nreq // 2):
-            rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
-                                          fid, rgs[j], D)
-            assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
-            assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
-        record(op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
-               source_pages_reused=nreq > npages)
-        del codes, scales, oc, os_, og
-        for r in results["ops"][-3:]:
-            print(f"{r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
-                  flush=True)
-        save(results)
+            # dequantize every page of the pool into fp32 [n, P, D]
+            npages = H * n_lp
+            pages = rng.permutation(npages).astype(np.int32)
+            gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
+            d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
+            out = cuda.device_array((npages, P, D), np.float32)
+            ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
+            moved = pool_bytes(f, npages) + npages * P * D * 4
+            for j in (0, npages - 1, npages // 3):
+                ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
+                assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
+            record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw)
+            del out
+
+            # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
+            per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
+            nreq = max(1, math.ceil(ws / per_page))
+            rpages = np.resize(pages, nreq).astype(np.int32)
+            rgs = np.resize(gs, nreq).astype(np.float32)
+            d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
+            oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
+            oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
+            os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
+            og = cuda.device_array(nreq, np.float32)
+            ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
+            moved = nreq * per_page
+            for j in (0, nreq - 1, nreq // 2):
+                rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
+                                              fid, rgs[j], D)
+                assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
+                assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
+            record(kernels=kname, op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
+                   source_pages_reused=nreq > npages)
+            del codes, scales, oc, os_, og
+            for r in results["ops"][-3:]:
+                print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
+                      flush=True)
+            save(results)
     return results
 
 
@@ -317,6 +336,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--commit", default="", help="git commit to record (when .git is absent)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--wait-pid", type=int, default=0, help="time only after this process exits")
+    ap.add_argument("--variants", default="", help="name=module,... other quant.py versions to time too "
+                    "(e.g. v306=variants.quant_306a0c7; bench/ is on sys.path)")
     args = ap.parse_args()
     import numba
 

@@ -289,6 +289,26 @@ def test_bit_decoders_match_scalar_cores():
         assert bits(np.float32(Q.iso3_dec_bits(c))) == bits(np.float32(fp.iso3_dec(c)))
 
 
+def test_table_decoder_and_swar_max_match_scalar_cores():
+    """_dec4 (PRMT byte tables, 4 codes per word) == the bit decoders on every 16-bit word, and the
+    SWAR largest-magnitude search == a plain max over 16 nibbles."""
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("device functions are called from Python under the simulator only")
+    for f, dec in ((Q.NVFP4, Q.e2m1_dec_bits), (Q.ISO3, Q.iso3_dec_bits)):
+        t3, t2 = Q._DEC_T3[f], Q._DEC_T2[f]
+        for w in range(65536):
+            got = Q._dec4(t3[0], t3[1], t2[0], t2[1], np.uint32(w))
+            want = [dec((w >> (4 * i)) & 15) for i in range(4)]
+            assert [bits(np.float32(a)) for a in got] == [bits(np.float32(a)) for a in want], (f, w)
+    rng = np.random.default_rng(2)
+    words = rng.integers(0, 2**32, (4000, 2), dtype=np.uint64)
+    words[:1000] &= 0x33333333  # small magnitudes only
+    words[1000:1500] = 0
+    for w0, w1 in words:
+        want = max(((int(w) >> (4 * i)) & 7) for w in (w0, w1) for i in range(8))
+        assert Q._max_mag16(np.uint32(w0), np.uint32(w1)) == want
+
+
 ODD = [(3, 3, 64, 3, 2), (2, 1, 256, 4, 1), (1, 2, 512, 2, 0)]  # (T, H, D, P, pos0)
 
 
