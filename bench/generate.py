@@ -6,9 +6,10 @@
 The same checkpoint for both (default: the bundled model; for prompts past its 64k context both
 load it with YaRN x4 written into a copied config.json). Prompt: the examples' texts tokenized
 and repeated to the length. For each prompt length and KV table:
-  coldkv  engine.generate on the CUDA backend (chunked prefill of 512, decode steps replayed
-          from a CUDA graph), greedy, --new tokens; prefill_s and decode_s as the engine times
-          them (each decode step includes the logits copy to the host and host-side sampling).
+  coldkv  engine.generate on the CUDA backend (prefill in chunks of 2048, enqueued back to back,
+          full chunks and decode steps replayed from CUDA graphs captured for this generate's
+          cache), greedy, --new tokens; prefill_s and decode_s as the engine times them (each
+          decode step ends with the GPU-sampled token copied to the host).
           A short warm-up generate per table runs first (Numba compiles each kernel variant
           once per process; that compile time is not in the numbers).
   HF      bf16 weights, attn_implementation="sdpa", greedy `generate`; prefill = one forward
@@ -135,8 +136,9 @@ def main() -> None:
             ids = prompt_ids(tok, n)
             backend = CUDABackend(model)
             n_layers = backend.args.num_hidden_layers
+            warm = ids[:2 * backend.prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
-                time_coldkv(backend, tok, ids[:600], resolve_table(name, n_layers), 8)
+                time_coldkv(backend, tok, warm, resolve_table(name, n_layers), 8)
             hf = transformers.AutoModelForCausalLM.from_pretrained(
                 model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
             hf_pre, hf_dec = time_hf(hf, torch, ids, a.new, a.repeats)

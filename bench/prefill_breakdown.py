@@ -3,7 +3,7 @@
     python bench/prefill_breakdown.py --commit HASH      # writes bench/results/prefill_breakdown.json
 
 For each prompt length (bundled model, one KV table):
-  sync_per_chunk_s   forward() per 512-token chunk, each waiting for its logits (the old engine loop)
+  sync_per_chunk_s   forward() per chunk (--chunk, default 2048), each waiting for its logits
   pipelined_eager_s  backend.prefill() with graphs=False: chunks enqueued back to back, two in flight
   pipelined_s        backend.prefill(): the same with full chunks replayed from a CUDA graph (the
                      capture, once per cache, is inside the timed interval)
@@ -103,7 +103,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="4096,32768")
     ap.add_argument("--table", default="bf16")
-    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=CB.MAX_CHUNK)
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefill_breakdown.json")
     a = ap.parse_args()
@@ -111,8 +111,9 @@ def main() -> None:
     backend, eager = CB.CUDABackend(model), CB.CUDABackend(model, graphs=False)
     tok = Tokenizer.from_dir(model)
     table = resolve_table(a.table, backend.args.num_hidden_layers)
-    for b in (backend, eager):  # compile every kernel variant the timed runs use
-        b.prefill(prompt_ids(tok, 2100), b.new_cache(table, 2100), a.chunk)
+    warm = 2 * a.chunk + 100  # calibration chunk, a full chunk, a short one: every kernel variant
+    for b in (backend, eager):
+        b.prefill(prompt_ids(tok, warm), b.new_cache(table, warm), a.chunk)
     results = []
     for n in [int(x) for x in a.prompts.split(",")]:
         ids = prompt_ids(tok, n)

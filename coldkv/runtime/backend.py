@@ -40,6 +40,7 @@ class KVCache(Protocol):
 class Backend(Protocol):
     name: str  # "cpu" | "cuda"
     args: ModelArgs
+    prefill_chunk: int  # default tokens per prefill step
 
     def new_cache(self, table: KVTable, max_tokens: int) -> KVCache: ...
 
@@ -123,6 +124,7 @@ def gpu_summary() -> str:
 
 class CPUBackend:
     name = "cpu"
+    prefill_chunk = 512  # default tokens per prefill step
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64):
         from coldkv.runtime.loader import load_args, load_weights

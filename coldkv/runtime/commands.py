@@ -13,7 +13,7 @@ from coldkv.errors import InputError
 from coldkv.cuda_probe import cuda_present
 from coldkv.runtime.backend import cpu_summary, gpu_summary, load_backend
 from coldkv.runtime.blas import blas_threads, get_threads
-from coldkv.runtime.engine import DEFAULT_PREFILL_CHUNK, generate
+from coldkv.runtime.engine import generate
 from coldkv.runtime.kv_cache import kv_bytes_per_token
 from coldkv.runtime.kv_table import NAMED, resolve_table
 from coldkv.runtime.loader import load_args, resolve_model
@@ -52,7 +52,7 @@ def _human(n: float) -> str:
 
 def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int, kv_table: str, device: str,
                      temperature: float, top_k: int, top_p: float, seed: int, stop: list[str], json_out: bool,
-                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK, threads: int = 0) -> None:
+                     prefill_chunk: int | None = None, threads: int = 0) -> None:
     err = Console(stderr=True)
     prompt = read_prompt(prompt_file)  # read first: a bad prompt path should not wait for a model load
     model_dir = resolve_model(model)
@@ -63,6 +63,7 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
     if note:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     ids = tokenizer.encode(prompt)
+    prefill_chunk = prefill_chunk or backend.prefill_chunk
 
     progress = None
     if len(ids) > prefill_chunk:

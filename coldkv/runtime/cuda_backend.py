@@ -36,9 +36,12 @@ from coldkv.runtime.rope import Rope
 from coldkv.runtime.sampling import Sampler
 from coldkv.runtime.safetensors_io import bf16_bits_to_f32
 
-MAX_CHUNK = 512  # tokens per device pass; longer inputs are split (prefill chunks are this size)
+# Tokens per device pass (longer inputs are split). 2048, not 512: a chunk costs ~90 launches
+# however long it is, and the first chunks of every prompt run eagerly (~10 ms of Python each).
+MAX_CHUNK = 2048
+LOGITS_CHUNK = 512  # rows per pass when every position's logits are wanted ([rows, vocab] f32 buffer)
 DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tokens: 256 used)
-PREFILL_SPLITS = 16
+PREFILL_SPLITS = 4  # x MAX_CHUNK rows of attention workspace; shorter chunks may split more
 
 
 @dataclass
@@ -62,6 +65,7 @@ def _f32(a: np.ndarray | None):
 
 class CUDABackend:
     name = "cuda"
+    prefill_chunk = MAX_CHUNK
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True):
@@ -94,6 +98,7 @@ class CUDABackend:
         self._graph_cache: DevicePagedKVCache | None = None
         self._graphs: dict[tuple[int, str | None], CapturedGraph | None] = {}
         self._sampler: Sampler | None = None  # whose rules and seed are in sample_params / sample_state
+        self._compiled: set[tuple] = set()  # (T, head, KV formats) passes run once: no compile under capture
 
     # -- buffers ------------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
@@ -161,9 +166,9 @@ class CUDABackend:
     def forward(self, tokens: np.ndarray, cache: DevicePagedKVCache, all_logits: bool = False) -> np.ndarray:
         """tokens [T] -> float32 logits [vocab] (last position) or [T, vocab]; appends their K/V."""
         tokens = self._check_tokens(tokens)
-        if len(tokens) > MAX_CHUNK:  # split: each pass appends to the cache, so order is kept
-            parts = [self.forward(tokens[i:i + MAX_CHUNK], cache, all_logits)
-                     for i in range(0, len(tokens), MAX_CHUNK)]
+        step = LOGITS_CHUNK if all_logits else MAX_CHUNK
+        if len(tokens) > step:  # split: each pass appends to the cache, so order is kept
+            parts = [self.forward(tokens[i:i + step], cache, all_logits) for i in range(0, len(tokens), step)]
             return np.concatenate(parts) if all_logits else parts[-1]
         T = len(tokens)
         pos0 = cache.extend(T)
@@ -250,14 +255,17 @@ class CUDABackend:
         """A pass over the T tokens in self.tok, first position in self.pos (device-position mode,
         so one capture serves every decode step / every full prefill chunk). The first pass of a
         (cache, T, head) runs eagerly (it compiles those kernel variants), the second is
-        captured, later ones replay. -> the logits buffer, or None."""
+        captured, later ones replay; if this backend already ran such a pass for another cache, the
+        first pass is captured at once. -> the logits buffer, or None."""
         if self._graph_cache is not cache:
             self._graph_cache, self._graphs = cache, {}
         key = (T, head)
-        if not self.graphs or key not in self._graphs:
+        compiled = (T, head, tuple(cache.table.layers))
+        if not self.graphs or (key not in self._graphs and compiled not in self._compiled):
             self._graphs[key] = None
+            self._compiled.add(compiled)
             return self._step(T, None, cache, False, head=head)
-        if self._graphs[key] is None:
+        if self._graphs.get(key) is None:
             self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, head=head))
         self._graphs[key].launch()
         return self.logits if head else None
@@ -317,7 +325,7 @@ class CUDABackend:
         x, h = self.x[:T], self.h16[:T]
         if all_logits:
             if self.logits_all is None:
-                self.logits_all = cuda.device_array((MAX_CHUNK, a.vocab_size), np.float32)
+                self.logits_all = cuda.device_array((LOGITS_CHUNK, a.vocab_size), np.float32)
             rows, out = x, self.logits_all[:T]
         else:
             rows, out = x[T - 1:T], self.logits

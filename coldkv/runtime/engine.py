@@ -17,9 +17,6 @@ from coldkv.runtime.kv_table import KVTable
 from coldkv.runtime.sampling import Sampler, SamplingParams
 from coldkv.runtime.tokenizer import StreamingText, Tokenizer
 
-DEFAULT_PREFILL_CHUNK = 512
-
-
 @dataclass
 class GenerateResult:
     text: str
@@ -86,11 +83,12 @@ def generate(
     max_new_tokens: int = 256,
     sampling: SamplingParams = SamplingParams(),
     stop: tuple[str, ...] = (),
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    prefill_chunk: int | None = None,
     on_text: Callable[[str], None] | None = None,
     on_prefill: Callable[[int, int], None] | None = None,
 ) -> GenerateResult:
-    """Generate after `prompt_ids`. on_text gets each printable piece; on_prefill(done, total) after each chunk."""
+    """Generate after `prompt_ids`. on_text gets each printable piece; on_prefill(done, total) after each
+    chunk. prefill_chunk: prompt tokens per step (default: the backend's)."""
     max_tokens = plan_tokens(backend, len(prompt_ids), max_new_tokens, table)
     cache = backend.new_cache(table, max_tokens)
     eos = set(backend.args.eos_token_ids)
@@ -100,7 +98,7 @@ def generate(
 
     t0 = time.perf_counter()
     prompt = np.asarray(prompt_ids, np.int64)
-    logits = backend.prefill(prompt, cache, prefill_chunk,
+    logits = backend.prefill(prompt, cache, prefill_chunk or backend.prefill_chunk,
                              on_progress=(lambda done: on_prefill(done, len(prompt))) if on_prefill else None)
     prefill_s = time.perf_counter() - t0
 
