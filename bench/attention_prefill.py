@@ -13,7 +13,10 @@ bench/attention_decode.py does), then per row:
   2. time, CUDA events, 1 GiB L2 flush before each call, median of --repeats:
        `tok`  the previous path: the decode kernel with one query token per warp split
               (kernel="mma", mma_prefill=False), every token re-reads and re-decodes its K/V;
-       `rows` the prefill kernel (kernel="auto" for T > 1): MMA rows = (query token, q head);
+       `rows` the prefill kernel with MMA rows = (query token, q head), each warp decoding its K/V
+              (mma_prefill="rows", the default of kernel="auto" for T > 1 at cc0384c);
+       `smem` / `smem8` the same rows with the K/V decode shared by the block's 4 / 8 warps in
+              shared memory (mma_prefill="smem");
        SDPA   torch scaled_dot_product_attention on bf16 q/K/V [1, heads, T | L, D] with the same
               causal chunk mask (lower-right aligned: causal_lower_right, enable_gqa), which is
               checked against an explicit boolean mask once at start-up.
@@ -49,7 +52,9 @@ from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "nvfp4": (Q.NVFP4, Q.NVFP4)}
-PATHS = {"rows": {"kernel": "auto"}, "tok": {"kernel": "mma", "mma_prefill": False}}
+PATHS = {"rows": {"kernel": "mma", "mma_prefill": "rows"}, "tok": {"kernel": "mma", "mma_prefill": False},
+         "smem": {"kernel": "mma", "mma_prefill": "smem"},
+         "smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512
@@ -152,7 +157,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
     ap.add_argument("--formats", nargs="*", default=list(FORMATS))
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 4/2/128")
-    ap.add_argument("--paths", nargs="*", default=list(PATHS))
+    ap.add_argument("--paths", nargs="*", default=["rows", "tok"])
     ap.add_argument("--T", type=int, default=T_CHUNK)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_prefill.json"))
@@ -224,8 +229,9 @@ def main():
                         rec.update({f"{path}_us": t, f"{path}_enqueue_us": cpu, f"{path}_TFLOPs": flops / t / 1e6,
                                     f"{path}_vs_sdpa": t_sdpa / t})
                         print(f"{fmt} {Hq}/{H}/{D} L={L} {path}: {t:.0f} us valid={rec[f'{path}_valid']}", flush=True)
-                    if "rows_us" in rec and "tok_us" in rec:
-                        rec["rows_speedup_vs_tok"] = rec["tok_us"] / rec["rows_us"]
+                    for path in args.paths:
+                        if path != "tok" and f"{path}_us" in rec and "tok_us" in rec:
+                            rec[f"{path}_speedup_vs_tok"] = rec["tok_us"] / rec[f"{path}_us"]
                     del c, ref, extra
                 except Exception as exc:
                     rec["error"] = repr(exc)

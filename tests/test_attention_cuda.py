@@ -98,7 +98,10 @@ def _kernel_kw(kernel):
     as `auto` picks them (rows kernel for T > 1), "mma_i64" the int64-index build, "mma_tok" the
     decode kernel for T > 1 too (one query token per warp, the previous prefill path)."""
     return {"mma_i64": {"kernel": "mma", "mma_u64": False},
-            "mma_tok": {"kernel": "mma", "mma_prefill": False}}.get(kernel, {"kernel": kernel})
+            "mma_tok": {"kernel": "mma", "mma_prefill": False},
+            "mma_rows": {"kernel": "mma", "mma_prefill": "rows"},
+            "mma_smem": {"kernel": "mma", "mma_prefill": "smem"},
+            "mma_smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -322,16 +325,29 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
     ("nvfp4", "iso3", 4, 128, 96, 2500, 64), ("int8", "nvfp4", 6, 256, 50, 1200, 64),
     ("bf16", "int8", 1, 64, 70, 900, 16), ("iso3", "bf16", 8, 128, 40, 700, 8),
     ("nvfp4", "bf16", 2, 128, 300, 300, 64)])  # a first chunk (pos0 = 0): rows see < 1 split
-def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P):
-    """The prefill kernel ((token, head) rows): every format as K and V, G 1..8 (G 6 and 8 leave
-    rows unused), pages smaller than its 16-token chunk, chunks not a multiple of its blocks."""
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem"])
+def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
+    """The prefill kernels ((token, head) rows; per-warp or block-shared decode): every format as
+    K and V, G 1..8 (G 6 and 8 leave rows unused), pages smaller than their key chunks, chunks not
+    a multiple of their blocks."""
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L,
-                   ws=A.AttentionWorkspace(64, T, G * 2, D), kernel="mma")
+                   ws=A.AttentionWorkspace(64, T, G * 2, D), kernel=kernel)
     check(*res)
 
 
 @pytest.mark.gpu
-def test_gpu_prefill_device_position():
+@pytest.mark.parametrize("kernel", ["mma_smem8"])
+@pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
+                                                   ("bf16", "iso3", 4, 64, 90, 1000, 16)])
+def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 1,
+                   ws=A.AttentionWorkspace(64, T, G * 2, D), kernel=kernel)
+    check(*res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem"])
+def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""
     kf, vf, G, H, D, P, L, T = Q.NVFP4, Q.INT8, 2, 2, 128, 64, 3000, 256
@@ -349,11 +365,11 @@ def test_gpu_prefill_device_position():
         for p in (pos_dev, pos0):
             o = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
             A.paged_attention_cuda(qd, o, p, sm, kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4], dev[5], ws,
-                                   plan_len=8192, kernel="mma")
+                                   plan_len=8192, **_kernel_kw(kernel))
             got.append(o.copy_to_host())
         np.testing.assert_array_equal(got[0], got[1])
         n = pos0 + T
-        check(got[0], *references(q, kd[:n], vd[:n], pos0, sm, kf, vf, "mma"))
+        check(got[0], *references(q, kd[:n], vd[:n], pos0, sm, kf, vf, kernel))
 
 
 @pytest.mark.gpu

@@ -547,6 +547,10 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128), (NVFP4, NVFP4, 4, 128): (0, 128), 
               (NVFP4, ISO3, 4, 128): (0, 128)}
 
 
+# the prefill kernel that kernel="auto" runs for T > 1 (see paged_attention_cuda's mma_prefill)
+_PREFILL_AUTO = "rows"
+
+
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
     """(query blocks, splits) of the prefill kernel (attention_mma rows kernel): blocks of
     NWARPS * mt * (16 // G) query tokens; the pages are split so that the grid has ~4 blocks per
@@ -573,7 +577,8 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
-                         plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1):
+                         plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
+                         mma_warps=4):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -589,12 +594,14 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 
     kernel: "mma" the tensor-core kernel (attention_mma: q and P rounded to 16 bits, GPU only),
     "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
-    applies (a GPU, G <= 8). With the tensor-core kernel, a chunk of T > 1 query tokens runs the
-    prefill kernel (attention_mma rows kernel: (token, q head) pairs on the MMA rows, one K/V decode
-    per 16 // G tokens); `mma_prefill=False` forces the decode kernel (one token per warp, the
-    previous path), True forces the rows kernel even at T = 1. mma_tiles / max_registers /
-    mma_u64 (uint64 indices, the default since it measured faster) / mma_mtiles (m-tiles per warp
-    of the rows kernel): tuning knobs of the benchmark (attention_mma.get_kernel)."""
+    applies (a GPU, G <= 8). With the tensor-core kernel, a chunk of T > 1 query tokens runs a
+    prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
+    (`_PREFILL_AUTO`), "rows" (attention_mma._build_prefill: each warp decodes the K/V it uses, one
+    decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
+    decode in shared memory), False = the decode kernel (one token per warp, the previous path);
+    True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
+    default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps:
+    tuning knobs of the benchmark (attention_mma.get_kernel / get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -617,16 +624,20 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    if use_mma and (mma_prefill if mma_prefill is not None else T > 1):
+    prefill = _PREFILL_AUTO if mma_prefill is None or mma_prefill is True else mma_prefill
+    if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_mma
 
+        smem = prefill == "smem"
+        per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
         # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
-        nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, mma_mtiles)
+        nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block)
         ws_acc, ws_ml = ws.views(splits, T)
-        kern = attention_mma.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None)
+        kern = attention_mma.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
+                                                smem, mma_warps)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
-        kern[(nqb, splits, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
+        kern[(nqb, splits, H), 32 * mma_warps if smem else THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                                 _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
         _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
         return out

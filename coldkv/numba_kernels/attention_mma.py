@@ -789,6 +789,387 @@ def _build_prefill(kf: int, vf: int, G: int, D: int, devpos: bool, mt: int = 1, 
     return attn_mma_rows
 
 
+def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, CHB: int = 0,
+                        max_registers=None):
+    """Prefill with the K/V decode shared by the block: the W warps of a block (W * 16 rows, one
+    m-tile each, rows as in `_build_prefill`) decode a chunk of CHB keys of K and V together into
+    shared memory as 16-bit operands (scales multiplied in exactly, as there; V transposed), then
+    each warp runs the flash-attention inner loop on its rows from shared memory:
+      S = Q K^T   A = q (registers), B = K^T: one 64-bit shared load per (8-key tile, k16 step)
+      O = P V     A = P (the S accumulators, FA2 register reuse), B = V: one 64-bit shared load per
+                  (16-key step, 8-dim tile); O [16 rows, D] in registers, rescaled per row.
+    The k order inside a k16 step is free (A and B only have to agree), so a lane's two B words are
+    adjacent in shared memory: K rows hold dims in the order the q packing uses, and the tile
+    columns map to keys 16(u >> 1) + 4(c >> 1) + 2(u & 1) + (c & 1), which makes P's A fragment of a
+    16-key step the keys 4 tig .. 4 tig + 3 that the V load reads. K rows are XOR-swizzled per 8-word
+    block by (key & 1) | (key >> 1 & 2), so the 64-bit K loads of a half-warp hit 32 distinct banks;
+    V rows are padded by 8 words for the same reason. Keys of unallocated pages, and past the
+    block's last query, are decoded as zeros and masked."""
+    NS = D // 16
+    RWK, RWV = D // _VPW[kf], D // _VPW[vf]
+    SW = D // 64
+    CHB = CHB or (64 if D <= 128 else 32)  # keys per chunk: shared memory K + V^T <= 40 KB
+    NKT = CHB // 8  # 8-key tiles of S
+    NVS = CHB // 16  # 16-key steps of the V product
+    ND8 = D // 8  # 8-dim tiles of O
+    TPM = 16 // G
+    RU = TPM * G
+    TH = 32 * W
+    RSK = D // 2  # words per K row (fp16 pairs), a multiple of 32: swizzled, not padded
+    RSV = CHB // 2 + 8  # words per V^T row (key pairs), padded
+    K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
+    mma_k = mma_bf16 if kf == BF16 else mma_f16
+    mma_v = mma_bf16 if vf == BF16 else mma_f16
+    pack_k = pack_bf16 if kf == BF16 else pack_f16
+    pack_v = pack_bf16 if vf == BF16 else pack_f16
+    dec4k = dec_iso3 if kf == ISO3 else dec_e2m1
+    dec4v = dec_iso3 if vf == ISO3 else dec_e2m1
+    read_pos = _pos_dev if devpos else _pos_int
+    IX = np.uint64
+    f32 = np.float32
+    u32 = np.uint32
+    u64 = np.uint64
+    i64 = np.int64
+    NKI = CHB * (RWK // 2 if kf == BF16 else RWK)  # K decode items: (key, word) (bf16: word pair)
+    NVI = (CHB // 4) * RWV  # V decode items: (4 keys, word)
+    KSN, VSN = CHB * RSK // 2, D * RSV // 2  # shared u64 words of K and V^T (literal shapes)
+
+    @cuda.jit(device=True, inline=True)
+    def kphys(key, dp):
+        """u64 index of K pair words (dp, dp + 1) (dp even) of chunk key `key`, swizzled."""
+        sw = (key & 1) | ((key >> 1) & 2)
+        return IX((key * RSK + (((dp >> 3) ^ sw) << 3) + (dp & 7)) >> 1)
+
+    jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
+
+    @jit
+    def attn_mma_smem(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
+        ks = cuda.shared.array(KSN, np.uint64)
+        vs = cuda.shared.array(VSN, np.uint64)
+        rows = cuda.shared.array((2, CHB), np.int64)
+        ksr = cuda.shared.array(CHB, np.float32)  # int8 row scales of the chunk's keys
+        vsr = cuda.shared.array(CHB, np.float32)
+        pos0 = read_pos(pos)
+        T = q.shape[0]
+        split = cuda.blockIdx.y
+        h = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane >> 2
+        tig = lane & 3
+        hq0 = h * G
+        tqb0 = cuda.blockIdx.x * (W * TPM)  # first query token of the block
+        tqb_last = min(tqb0 + W * TPM, T) - 1
+        tq0 = tqb0 + warp * TPM  # of this warp
+        active = tq0 < T  # warps past the chunk still decode and synchronise
+        tq_last = min(tq0 + TPM, T) - 1
+        Lb = pos0 + tqb_last + 1  # keys the block's last token sees
+        nsplit = cuda.gridDim.y
+        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
+        kb = split * ppw * P
+        ke = min((split * ppw + ppw) * P, Lb)
+        kc = f32(1.0) / gscale[0, h]
+
+        qa = cuda.local.array((NS, 4), np.uint32)
+        rpos = cuda.local.array(2, np.int64)
+        for hi in range(2):
+            r = gid + 8 * hi
+            tq = tq0 + r // G
+            rpos[hi] = pos0 + min(tq, tq_last)
+            ok = active and r < RU and tq < T
+            for s in range(NS):
+                if K4:  # shared K rows hold (dim j, dim j + 4) pairs of each code word
+                    d0 = 16 * s + 8 * (tig >> 1) + 2 * (tig & 1)
+                    d1 = d0 + 4
+                    d2 = d0 + 1
+                    d3 = d0 + 5
+                else:
+                    d0 = 16 * s + 4 * tig
+                    d1 = d0 + 1
+                    d2 = d0 + 2
+                    d3 = d0 + 3
+                x0 = f32(0.0)
+                x1 = f32(0.0)
+                x2 = f32(0.0)
+                x3 = f32(0.0)
+                if ok:
+                    hq = hq0 + r % G
+                    x0 = q[tq, hq, d0] * qscale
+                    x1 = q[tq, hq, d1] * qscale
+                    x2 = q[tq, hq, d2] * qscale
+                    x3 = q[tq, hq, d3] * qscale
+                qa[s, hi] = pack_k(x0, x1)
+                qa[s, 2 + hi] = pack_k(x2, x3)
+        acc = cuda.local.array((ND8, 4), np.float32)  # O: (row gid | gid + 8, dim 8 n + 2 tig | + 1)
+        for n in range(ND8):
+            for i in range(4):
+                acc[n, i] = f32(0.0)
+        m0 = _NEG_INF
+        m1 = _NEG_INF
+        l0 = f32(0.0)
+        l1 = f32(0.0)
+        sv = cuda.local.array((NKT, 4), np.float32)
+        ck = cuda.local.array(2, np.float32)
+
+        for k0 in range(kb, ke, CHB):
+            # ---- rows of the chunk's keys (-1: unallocated page or past the block's keys)
+            if tid < CHB:
+                key = k0 + tid
+                rk = i64(-1)
+                rv = i64(-1)
+                if key < ke:
+                    pg = key // P
+                    ek = i64(table[0, h, IX(pg)])
+                    ev = i64(table[1, h, IX(pg)])
+                    if ek >= 0 and ev >= 0:
+                        rk = ek * P + (key - pg * P)
+                        rv = ev * P + (key - pg * P)
+                rows[0, tid] = rk
+                rows[1, tid] = rv
+                if kf == INT8:
+                    ksr[tid] = k_scales[IX(rk)] if rk >= 0 else f32(0.0)
+                if vf == INT8:
+                    vsr[tid] = v_scales[IX(rv)] if rv >= 0 else f32(0.0)
+            cuda.syncthreads()  # (also: every warp is done with the previous chunk)
+            # ---- decode K: item (key, code word); zeros for invalid keys
+            for it in range(tid, NKI, TH):
+                if kf == BF16:
+                    key = it // (RWK // 2)
+                    wi = 2 * (it % (RWK // 2))
+                else:
+                    key = it // RWK
+                    wi = it % RWK
+                row = rows[0, key]
+                lo = u32(0)
+                hi = u32(0)
+                lo2 = u32(0)
+                hi2 = u32(0)
+                if row >= 0:
+                    if K4:
+                        x = k_words[IX(row * RWK + wi)]
+                        g = wi >> 1
+                        sw = k_scales[IX(row * SW + (g >> 2))]
+                        bsh = u32(g & 3)
+                        sp = e4m3x2(sw, sw, bsh | (bsh << 4))
+                        lo = mul_f16x2(dec4k(x, u32(0)), sp)
+                        hi = mul_f16x2(dec4k(x, u32(4)), sp)
+                        lo2 = mul_f16x2(dec4k(x, u32(8)), sp)
+                        hi2 = mul_f16x2(dec4k(x, u32(12)), sp)
+                    elif kf == BF16:
+                        lo, hi = ldg2(k_words, row * RWK + wi)
+                    else:
+                        x = k_words[IX(row * RWK + wi)] ^ u32(0x80808080)
+                        lo = dec_i8(x, 0x5140)
+                        hi = dec_i8(x, 0x7362)
+                if K4:  # pairs 4 wi + j = (dim 8 wi + j, dim 8 wi + j + 4)
+                    ks[kphys(key, 4 * wi)] = u64(lo) | (u64(hi) << u64(32))
+                    ks[kphys(key, 4 * wi + 2)] = u64(lo2) | (u64(hi2) << u64(32))
+                elif kf == BF16:  # words wi, wi + 1 = dims 2 wi .. 2 wi + 3
+                    ks[kphys(key, wi)] = u64(lo) | (u64(hi) << u64(32))
+                else:  # word wi = dims 4 wi .. 4 wi + 3 = pairs 2 wi, 2 wi + 1
+                    ks[kphys(key, 2 * wi)] = u64(lo) | (u64(hi) << u64(32))
+            # ---- decode V^T: item (4 keys, code word): per dim, the 4 keys' values (2 pair words)
+            for it in range(tid, NVI, TH):
+                qd = it % (CHB // 4)
+                wi = it // (CHB // 4)
+                x0 = u32(0)
+                x1 = u32(0)
+                x2 = u32(0)
+                x3 = u32(0)
+                s0 = u32(0)
+                s1 = u32(0)
+                s2 = u32(0)
+                s3 = u32(0)
+                r0 = rows[1, 4 * qd]
+                r1 = rows[1, 4 * qd + 1]
+                r2 = rows[1, 4 * qd + 2]
+                r3 = rows[1, 4 * qd + 3]
+                if V4:
+                    g = wi >> 1
+                    if r0 >= 0:
+                        x0 = v_words[IX(r0 * RWV + wi)]
+                        s0 = v_scales[IX(r0 * SW + (g >> 2))]
+                    if r1 >= 0:
+                        x1 = v_words[IX(r1 * RWV + wi)]
+                        s1 = v_scales[IX(r1 * SW + (g >> 2))]
+                    if r2 >= 0:
+                        x2 = v_words[IX(r2 * RWV + wi)]
+                        s2 = v_scales[IX(r2 * SW + (g >> 2))]
+                    if r3 >= 0:
+                        x3 = v_words[IX(r3 * RWV + wi)]
+                        s3 = v_scales[IX(r3 * SW + (g >> 2))]
+                    bsh = u32(g & 3)
+                    sp01 = e4m3x2(s0, s1, bsh | ((bsh + 4) << 4))  # (scale of key 0 | key 1)
+                    sp23 = e4m3x2(s2, s3, bsh | ((bsh + 4) << 4))
+                    for n in range(4):  # dims 8 wi + n and 8 wi + n + 4
+                        sh = u32(4 * n)
+                        y0 = x0 >> sh
+                        y1 = x1 >> sh
+                        y2 = x2 >> sh
+                        y3 = x3 >> sh
+                        a01 = mul_f16x2(dec4v(prmt(y0, y1, 0x5410), u32(0)), sp01)
+                        a23 = mul_f16x2(dec4v(prmt(y2, y3, 0x5410), u32(0)), sp23)
+                        b01 = mul_f16x2(dec4v(prmt(y0, y1, 0x7632), u32(0)), sp01)
+                        b23 = mul_f16x2(dec4v(prmt(y2, y3, 0x7632), u32(0)), sp23)
+                        dm = 8 * wi + n
+                        vs[IX(dm * (RSV // 2) + qd)] = u64(a01) | (u64(a23) << u64(32))
+                        vs[IX((dm + 4) * (RSV // 2) + qd)] = u64(b01) | (u64(b23) << u64(32))
+                elif vf == BF16:
+                    if r0 >= 0:
+                        x0 = v_words[IX(r0 * RWV + wi)]
+                    if r1 >= 0:
+                        x1 = v_words[IX(r1 * RWV + wi)]
+                    if r2 >= 0:
+                        x2 = v_words[IX(r2 * RWV + wi)]
+                    if r3 >= 0:
+                        x3 = v_words[IX(r3 * RWV + wi)]
+                    dm = 2 * wi
+                    vs[IX(dm * (RSV // 2) + qd)] = u64(prmt(x0, x1, 0x5410)) | (u64(prmt(x2, x3, 0x5410)) << u64(32))
+                    vs[IX((dm + 1) * (RSV // 2) + qd)] = (u64(prmt(x0, x1, 0x7632))
+                                                          | (u64(prmt(x2, x3, 0x7632)) << u64(32)))
+                else:
+                    # int8: x ^ 0x80 per byte; an invalid key reads as code 0 (0x80 after the xor)
+                    x0 = u32(0x80808080)
+                    x1 = u32(0x80808080)
+                    x2 = u32(0x80808080)
+                    x3 = u32(0x80808080)
+                    if r0 >= 0:
+                        x0 = v_words[IX(r0 * RWV + wi)] ^ u32(0x80808080)
+                    if r1 >= 0:
+                        x1 = v_words[IX(r1 * RWV + wi)] ^ u32(0x80808080)
+                    if r2 >= 0:
+                        x2 = v_words[IX(r2 * RWV + wi)] ^ u32(0x80808080)
+                    if r3 >= 0:
+                        x3 = v_words[IX(r3 * RWV + wi)] ^ u32(0x80808080)
+                    for b in range(4):  # dim 4 wi + b: byte b of the 4 keys
+                        sel = u32(b | ((4 + b) << 4))
+                        a01 = dec_i8(prmt(x0, x1, sel), 0x5140)
+                        a23 = dec_i8(prmt(x2, x3, sel), 0x5140)
+                        dm = 4 * wi + b
+                        vs[IX(dm * (RSV // 2) + qd)] = u64(a01) | (u64(a23) << u64(32))
+            cuda.syncthreads()
+            if active and k0 <= pos0 + tq_last:  # else every row of the warp is masked
+                # ---- S = Q K^T per 8-key tile
+                for u in range(NKT):
+                    c_0 = f32(0.0)
+                    c_1 = f32(0.0)
+                    c_2 = f32(0.0)
+                    c_3 = f32(0.0)
+                    kl = 16 * (u >> 1) + 4 * (gid >> 1) + 2 * (u & 1) + (gid & 1)  # B column gid's key
+                    for s in range(NS):
+                        w = ks[kphys(kl, 8 * s + 2 * tig)]
+                        c_0, c_1, c_2, c_3 = mma_k(qa[s, 0], qa[s, 1], qa[s, 2], qa[s, 3], u32(w & u64(0xFFFFFFFF)),
+                                                   u32(w >> u64(32)), c_0, c_1, c_2, c_3)
+                    kc0 = 16 * (u >> 1) + 4 * tig + 2 * (u & 1)  # key of columns 2 tig (+1)
+                    if K4:
+                        ck[0] = kc
+                        ck[1] = kc
+                    elif kf == INT8:
+                        ck[0] = ksr[kc0]
+                        ck[1] = ksr[kc0 + 1]
+                    else:
+                        ck[0] = f32(1.0)
+                        ck[1] = f32(1.0)
+                    ok0 = rows[0, kc0] >= 0
+                    ok1 = rows[0, kc0 + 1] >= 0
+                    kp = k0 + kc0
+                    sv[u, 0] = c_0 * ck[0] if ok0 and kp <= rpos[0] else _NEG_INF
+                    sv[u, 1] = c_1 * ck[1] if ok1 and kp + 1 <= rpos[0] else _NEG_INF
+                    sv[u, 2] = c_2 * ck[0] if ok0 and kp <= rpos[1] else _NEG_INF
+                    sv[u, 3] = c_3 * ck[1] if ok1 and kp + 1 <= rpos[1] else _NEG_INF
+                # ---- online softmax, rows gid (slots 0, 1) and gid + 8 (2, 3)
+                mx0 = _NEG_INF
+                mx1 = _NEG_INF
+                for u in range(NKT):
+                    mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
+                    mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
+                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
+                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
+                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
+                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
+                if mx0 > m0 + _LAZY:  # per row (the 4 lanes of a row agree): rare
+                    al = math.exp2(m0 - mx0)
+                    m0 = mx0
+                    l0 *= al
+                    for n in range(ND8):
+                        acc[n, 0] *= al
+                        acc[n, 1] *= al
+                if mx1 > m1 + _LAZY:
+                    al = math.exp2(m1 - mx1)
+                    m1 = mx1
+                    l1 *= al
+                    for n in range(ND8):
+                        acc[n, 2] *= al
+                        acc[n, 3] *= al
+                for u in range(NKT):
+                    for i in range(4):
+                        sc = sv[u, i]
+                        pr = math.exp2(sc - (m0 if i < 2 else m1)) if sc > _NEG_INF else f32(0.0)
+                        if i < 2:
+                            l0 += pr
+                        else:
+                            l1 += pr
+                        sv[u, i] = pr
+                # ---- O += P V per 16-key step: A = P (keys 4 tig .. + 3 of the step), B = V^T rows
+                for v in range(NVS):
+                    p0 = sv[2 * v, 0]
+                    p1 = sv[2 * v, 1]
+                    p2 = sv[2 * v + 1, 0]
+                    p3 = sv[2 * v + 1, 1]
+                    p4 = sv[2 * v, 2]
+                    p5 = sv[2 * v, 3]
+                    p6 = sv[2 * v + 1, 2]
+                    p7 = sv[2 * v + 1, 3]
+                    if vf == INT8:
+                        kv0 = 16 * v + 4 * tig
+                        r0s = vsr[kv0]
+                        r1s = vsr[kv0 + 1]
+                        r2s = vsr[kv0 + 2]
+                        r3s = vsr[kv0 + 3]
+                        a0 = pack_v(p0 * r0s, p1 * r1s)
+                        a1 = pack_v(p4 * r0s, p5 * r1s)
+                        a2 = pack_v(p2 * r2s, p3 * r3s)
+                        a3 = pack_v(p6 * r2s, p7 * r3s)
+                    else:
+                        a0 = pack_v(p0, p1)  # row gid, keys 4 tig, 4 tig + 1
+                        a1 = pack_v(p4, p5)  # row gid + 8
+                        a2 = pack_v(p2, p3)  # row gid, keys 4 tig + 2, + 3
+                        a3 = pack_v(p6, p7)
+                    for n in range(ND8):
+                        w = vs[IX((8 * n + gid) * (RSV // 2) + 4 * v + tig)]
+                        r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, u32(w & u64(0xFFFFFFFF)), u32(w >> u64(32)),
+                                               acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+                        acc[n, 0] = r0
+                        acc[n, 1] = r1
+                        acc[n, 2] = r2
+                        acc[n, 3] = r3
+
+        # ---- the warp's partials
+        if active:
+            vc = f32(1.0)
+            if V4:
+                vc = f32(1.0) / gscale[1, h]
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 1)
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 2)
+            for hi in range(2):
+                r = gid + 8 * hi
+                tq = tq0 + r // G
+                if r < RU and tq < T:
+                    hq = hq0 + r % G
+                    if tig == 0:
+                        ws_ml[split, tq, hq, 0] = m0 if hi == 0 else m1
+                        ws_ml[split, tq, hq, 1] = l0 if hi == 0 else l1
+                    for n in range(ND8):
+                        dm = 8 * n + 2 * tig
+                        ws_acc[split, tq, hq, dm] = acc[n, 2 * hi] * vc
+                        ws_acc[split, tq, hq, dm + 1] = acc[n, 2 * hi + 1] * vc
+
+    return attn_mma_smem
+
+
 def prefill_tokens_per_block(G: int, mt: int = 1) -> int:
     return NWARPS * mt * (16 // G)
 
@@ -797,12 +1178,18 @@ _KERNELS: dict = {}
 _PREFILL: dict = {}
 
 
-def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers)
+def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None,
+                       smem: bool = False, warps: int = 4, chb: int = 0):
+    """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
+    `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys)."""
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, bool(smem), int(warps), int(chb))
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
-        _PREFILL[key] = _build_prefill(*key)
+        if smem:
+            _PREFILL[key] = _build_prefill_smem(kf, vf, G, D, devpos, warps, chb, max_registers)
+        else:
+            _PREFILL[key] = _build_prefill(kf, vf, G, D, devpos, mt, max_registers)
     return _PREFILL[key]
 
 
@@ -837,6 +1224,12 @@ def _ptx_signatures():
             (get_prefill_kernel(BF16, INT8, 1, 64), kernel_sig(BF16, INT8)),
             (get_prefill_kernel(ISO3, BF16, 8, 128, True), kernel_sig(ISO3, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, mt=2), kernel_sig(NVFP4, NVFP4))]
+    out += [(get_prefill_kernel(f, f, 2, 128, smem=True), kernel_sig(f, f)) for f in fm]
+    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128, smem=True), kernel_sig(NVFP4, ISO3)),
+            (get_prefill_kernel(INT8, NVFP4, 6, 256, smem=True), kernel_sig(INT8, NVFP4)),
+            (get_prefill_kernel(BF16, INT8, 1, 64, smem=True), kernel_sig(BF16, INT8)),
+            (get_prefill_kernel(ISO3, BF16, 8, 128, True, smem=True), kernel_sig(ISO3, BF16, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, smem=True, warps=8), kernel_sig(NVFP4, NVFP4))]
     return out
 
 
