@@ -87,7 +87,7 @@ def time_hf(model, torch, ids, new, repeats):
 
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
-        model(x[:, :256], use_cache=True)  # warm-up
+        model(x, use_cache=True, logits_to_keep=1)  # warm-up at full length (allocator growth, kernel choice)
         prefill = timed(lambda: model(x, use_cache=True, logits_to_keep=1))
         g1 = timed(lambda: model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw))
         gn = timed(lambda: model.generate(x, max_new_tokens=new, min_new_tokens=new, **kw))
