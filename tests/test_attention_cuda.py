@@ -196,6 +196,22 @@ def test_prefill_chunk_causal(T, L):
     check(*res)
 
 
+# The tensor-core kernels (attention_mma) under the simulator run on Python emulations of their
+# inline PTX (mma.m16n8k16 fragments, prmt, the decode asm; attention_mma's simulator section): the
+# kernels' index logic is checked without a GPU (on a GPU these cases run the real kernels).
+@pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
+    ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel
+    ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
+    ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16)] + [pytest.param(*c, marks=SIM_SLOW) for c in [
+        ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
+        ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
+        ("mma_smem", "nvfp4", "iso3", 2, 64, 40, 60, 16), ("mma_rows", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
+def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=1, P=P, seed=T + L,
+                   ws=A.AttentionWorkspace(16, T, G, D), kernel=kernel)
+    check(*res)
+
+
 @SIM_SLOW
 def test_many_splits_share_a_workspace():
     """Several warps/blocks per head (tiny ppw) and a workspace reused across calls."""

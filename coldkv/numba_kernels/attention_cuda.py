@@ -568,10 +568,14 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 
     from coldkv.numba_kernels import attention_mma
 
-    ok = not config.ENABLE_CUDASIM and attention_mma.supports(kf, vf, G, D)
+    ok = attention_mma.supports(kf, vf, G, D)
     if kernel == "mma" and not ok:
-        raise ValueError(f"attention_cuda: the tensor-core kernel needs a GPU, G <= 8, head_dim % 64 == 0 "
+        raise ValueError(f"attention_cuda: the tensor-core kernel needs G <= 8, head_dim % 64 == 0 "
                          f"(K={kf} V={vf} G={G} D={D})")
+    if config.ENABLE_CUDASIM:  # emulated there (attention_mma's simulator section): only on request
+        if kernel == "mma":
+            attention_mma._sim_install()
+        return ok and kernel == "mma"
     return ok
 
 
