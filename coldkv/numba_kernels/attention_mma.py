@@ -293,7 +293,8 @@ def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
-def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = False):
+def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = False,
+           exact: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -315,6 +316,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     # negative-index wraparound (compare + select per access): loop body -25% (nvfp4) to -48%
     # (bf16) SASS, fewer registers (ptxas 13.0: nvfp4 188 -> 150). Not yet timed on the device.
     IX = np.uint64 if u64 else np.int64
+    # exact: the 4-bit scales multiplied into the 16-bit operands as the prefill kernels do
+    # (E4M3 pair by cvt, one mul.f16x2 per register, exact; no shared table lookups, no per-step
+    # fp32 rescale of the K result, P packed once per 16 tokens). Not yet timed on the device.
+    XS = exact
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
@@ -443,9 +448,12 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     else:
                         for s in range(NS):
                             kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
+                    if K4 and XS:  # group scales of token gid (B's column): into B
+                        for w in range(SW):
+                            ksc[u, 0, w] = k_scales[IX(row * SW + w)]
                     for i in range(2):  # scales of the tokens of this lane's columns
                         rc = pk * P + min(c0 + 8 * u + 2 * tig + i, last)
-                        if K4:
+                        if K4 and not XS:
                             for w in range(SW):
                                 ksc[u, i, w] = k_scales[IX(rc * SW + w)]
                         elif kf == INT8:
@@ -457,7 +465,18 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     c_0 = f32(0.0)
                     c_1 = f32(0.0)
                     for s in range(NS):
-                        if K4:
+                        if K4 and XS:
+                            kw = ksc[u, 0, s >> 2]
+                            bsh = u32(s & 3)
+                            sp = e4m3x2(kw, kw, bsh | (bsh << 4))
+                            if kf == NVFP4:
+                                b0 = mul_f16x2(dec_e2m1(kreg[u, 2 * s], shk), sp)
+                                b1 = mul_f16x2(dec_e2m1(kreg[u, 2 * s + 1], shk), sp)
+                            else:
+                                b0 = mul_f16x2(dec_iso3(kreg[u, 2 * s], shk), sp)
+                                b1 = mul_f16x2(dec_iso3(kreg[u, 2 * s + 1], shk), sp)
+                            c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, b0, b1, c_0, c_1, f32(0.0), f32(0.0))
+                        elif K4:
                             if kf == NVFP4:
                                 b0 = dec_e2m1(kreg[u, 2 * s], shk)
                                 b1 = dec_e2m1(kreg[u, 2 * s + 1], shk)
@@ -481,6 +500,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     elif kf == INT8:
                         s0 = c_0 * krs[u, 0]
                         s1 = c_1 * krs[u, 1]
+                    elif XS:
+                        s0 = c_0 * kc
+                        s1 = c_1 * kc
                     tok = c0 + 8 * u + 2 * tig
                     sv[u, 0] = s0 if tok < nval else _NEG_INF
                     sv[u, 1] = s1 if tok + 1 < nval else _NEG_INF
@@ -528,7 +550,26 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                         x1 = vreg[v, 1, j]
                         x2 = vreg[v, 2, j]
                         x3 = vreg[v, 3, j]
-                        if V4:
+                        if V4 and XS:  # scales of tokens t0 | t1 (a0, a1) and t2 | t3 (a2, a3) into A
+                            w = j >> 2
+                            bsh = u32(j & 3)
+                            sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], bsh | ((bsh + 4) << 4))
+                            sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], bsh | ((bsh + 4) << 4))
+                            z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)
+                            z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)
+                            z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
+                            z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
+                            if vf == NVFP4:
+                                a0 = mul_f16x2(dec_e2m1(z0, 0), sp01)
+                                a1 = mul_f16x2(dec_e2m1(z1, 0), sp01)
+                                a2 = mul_f16x2(dec_e2m1(z2, 0), sp23)
+                                a3 = mul_f16x2(dec_e2m1(z3, 0), sp23)
+                            else:
+                                a0 = mul_f16x2(dec_iso3(z0, 0), sp01)
+                                a1 = mul_f16x2(dec_iso3(z1, 0), sp01)
+                                a2 = mul_f16x2(dec_iso3(z2, 0), sp23)
+                                a3 = mul_f16x2(dec_iso3(z3, 0), sp23)
+                        elif V4:
                             sh = 8 * (j & 3)
                             w = j >> 2
                             bb0 = pack_v(p0 * e4v[IX((vsc[v, 0, w] >> sh) & 0xFF)], p1 * e4v[IX((vsc[v, 1, w] >> sh) & 0xFF)])
@@ -569,7 +610,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
-        if V4:
+        if V4 and XS:
+            vc = f32(1.0) / gscale[1, h]
+        elif V4:
             vc = f32(1.0 / VSC) / gscale[1, h]
         for j in range(NS):
             if V4:
@@ -1348,8 +1391,8 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, m
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = False):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64))
+               u64: bool = False, exact: bool = False):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(exact))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -1371,7 +1414,10 @@ def _ptx_signatures():
             (get_kernel(NVFP4, NVFP4, 6, 256), kernel_sig(NVFP4, NVFP4)),
             (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
-            (get_kernel(INT8, NVFP4, 4, 128, u64=True), kernel_sig(INT8, NVFP4))]
+            (get_kernel(INT8, NVFP4, 4, 128, u64=True), kernel_sig(INT8, NVFP4)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, u64=True, exact=True), kernel_sig(NVFP4, NVFP4)),
+            (get_kernel(ISO3, INT8, 2, 64, True, u64=True, exact=True), kernel_sig(ISO3, INT8, True)),
+            (get_kernel(BF16, ISO3, 6, 256, u64=True, exact=True), kernel_sig(BF16, ISO3))]
     out += [(get_prefill_kernel(f, f, 2, 128), kernel_sig(f, f)) for f in fm]
     out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128), kernel_sig(NVFP4, ISO3)),
             (get_prefill_kernel(INT8, NVFP4, 6, 256), kernel_sig(INT8, NVFP4)),
