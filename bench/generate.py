@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchutil import git_commit  # noqa: E402
 
 import coldkv  # noqa: E402
+from coldkv.numba_kernels import attention_cuda  # noqa: E402
 from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
 from coldkv.runtime.engine import generate  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
@@ -65,11 +66,14 @@ def prompt_ids(tok: Tokenizer, n: int) -> list[int]:
     return (ids * (n // len(ids) + 1))[:n]
 
 
-def time_coldkv(backend, tok, ids, table, new):
+def time_coldkv(backend, tok, ids, table, new, prefill_attention="rows"):
+    """-> (prefill tok/s, decode tok/s, generated tokens). prefill_attention: which prefill kernel
+    attention_cuda's "auto" picks (its module setting, switched here for an A/B in one run)."""
+    attention_cuda._PREFILL_AUTO = prefill_attention
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
-    return r.prefill_tokens_per_s, r.decode_tokens_per_s
+    return r.prefill_tokens_per_s, r.decode_tokens_per_s, r.tokens
 
 
 def time_hf(model, torch, ids, new, repeats):
@@ -104,7 +108,7 @@ def launch_overhead(model: Path, new: int) -> dict:
         table = resolve_table("bf16", backend.args.num_hidden_layers)
         ids = prompt_ids(tok, 512)
         time_coldkv(backend, tok, ids, table, 8)  # compile
-        _, dec = time_coldkv(backend, tok, ids, table, new)
+        _, dec, _ = time_coldkv(backend, tok, ids, table, new)
         out["graph_ms_per_token" if graphs else "eager_ms_per_token"] = round(1000 / dec, 3)
     return out
 
@@ -116,6 +120,9 @@ def main() -> None:
     ap.add_argument("--tables", default="bf16,nvfp4")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prefill-attention", default="rows",
+                    help="prefill kernels to time, e.g. rows,smem (attention_cuda._PREFILL_AUTO); each "
+                    "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
     a = ap.parse_args()
@@ -134,28 +141,39 @@ def main() -> None:
                 model = with_yarn(model, 2 ** int(np.ceil(np.log2((n + a.new) / ctx))), tmp)
             tok = Tokenizer.from_dir(model)
             ids = prompt_ids(tok, n)
-            backend = CUDABackend(model)
-            n_layers = backend.args.num_hidden_layers
-            warm = ids[:2 * backend.prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
+            kernels = a.prefill_attention.split(",")
+            # a backend per prefill kernel: each captures graphs of passes it has compiled
+            backends = {kern: CUDABackend(model) for kern in kernels}
+            n_layers = backends[kernels[0]].args.num_hidden_layers
+            warm = ids[:2 * CUDABackend.prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
-                time_coldkv(backend, tok, warm, resolve_table(name, n_layers), 8)
+                for kern in kernels:
+                    time_coldkv(backends[kern], tok, warm, resolve_table(name, n_layers), 8, kern)
             hf = transformers.AutoModelForCausalLM.from_pretrained(
                 model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
             hf_pre, hf_dec = time_hf(hf, torch, ids, a.new, a.repeats)
             del hf
             torch.cuda.empty_cache()
             for name in a.tables.split(","):
-                pre, dec = time_coldkv(backend, tok, ids, resolve_table(name, n_layers), a.new)
-                row = {"prompt_tokens": n, "kv_table": name, "new_tokens": a.new,
-                       "coldkv_decode_tok_s": round(dec, 1), "hf_decode_tok_s": round(hf_dec, 1),
-                       "coldkv_prefill_tok_s": round(pre, 1), "hf_prefill_tok_s": round(hf_pre, 1),
-                       "decode_ratio": round(dec / hf_dec, 3), "prefill_ratio": round(pre / hf_pre, 3),
-                       "model": model.name}
-                print(json.dumps(row), flush=True)
-                results.append(row)
-            del backend
+                first = None
+                for kern in kernels:
+                    pre, dec, toks = time_coldkv(backends[kern], tok, ids, resolve_table(name, n_layers), a.new, kern)
+                    first = toks if first is None else first
+                    row = {"prompt_tokens": n, "kv_table": name, "new_tokens": a.new, "prefill_attention": kern,
+                           "coldkv_decode_tok_s": round(dec, 1), "hf_decode_tok_s": round(hf_dec, 1),
+                           "coldkv_prefill_tok_s": round(pre, 1), "hf_prefill_tok_s": round(hf_pre, 1),
+                           "decode_ratio": round(dec / hf_dec, 3), "prefill_ratio": round(pre / hf_pre, 3),
+                           "tokens_equal_first_kernel": toks == first, "model": model.name}
+                    print(json.dumps(row), flush=True)
+                    results.append(row)
+            del backends
+            write(a, torch, transformers, graph_ab, results)  # after each prompt: a cut-short run keeps its rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"wrote {a.out}")
+
+
+def write(a, torch, transformers, graph_ab, results) -> None:
     out = {
         "command": "python " + " ".join(sys.argv),
         "device": torch.cuda.get_device_name(0),
@@ -168,8 +186,6 @@ def main() -> None:
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {a.out}")
-
 
 if __name__ == "__main__":
     main()
