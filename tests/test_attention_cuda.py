@@ -198,7 +198,7 @@ def test_prefill_chunk_causal(T, L):
 
 
 # The tensor-core kernels (attention_mma) under the simulator run on Python emulations of their
-# inline PTX (mma.m16n8k16 fragments, prmt, the decode asm; attention_mma's simulator section): the
+# inline PTX (mma.m16n8k16 fragments, prmt, the decode asm; mma_ptx.py): the
 # kernels' index logic is checked without a GPU (on a GPU these cases run the real kernels).
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel

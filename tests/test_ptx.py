@@ -17,6 +17,7 @@ PTX_MODULES = [
     "coldkv.numba_kernels.quant",
     "coldkv.numba_kernels.attention_cuda",
     "coldkv.numba_kernels.attention_mma",
+    "coldkv.numba_kernels.attention_prefill",
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
     "coldkv.numba_kernels.sampling",

@@ -552,7 +552,7 @@ _PREFILL_AUTO = "rows"
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
-    """(query blocks, splits) of the prefill kernel (attention_mma rows kernel): blocks of
+    """(query blocks, splits) of the prefill kernel (attention_prefill rows kernel): blocks of
     NWARPS * mt * (16 // G) query tokens; the pages are split so that the grid has ~4 blocks per
     SM (its kernels hold ~2 per SM), at most `max_splits` (workspace) and one page per split."""
     nqb = -(-T // (NWARPS * mt * (16 // G)))
@@ -572,9 +572,11 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
     if kernel == "mma" and not ok:
         raise ValueError(f"attention_cuda: the tensor-core kernel needs G <= 8, head_dim % 64 == 0 "
                          f"(K={kf} V={vf} G={G} D={D})")
-    if config.ENABLE_CUDASIM:  # emulated there (attention_mma's simulator section): only on request
+    if config.ENABLE_CUDASIM:  # emulated there (mma_ptx.py): only on request
         if kernel == "mma":
-            attention_mma._sim_install()
+            from coldkv.numba_kernels.mma_ptx import _sim_install
+
+            _sim_install()
         return ok and kernel == "mma"
     return ok
 
@@ -600,13 +602,13 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
     applies (a GPU, G <= 8). With the tensor-core kernel, a chunk of T > 1 query tokens runs a
     prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
-    (`_PREFILL_AUTO`), "rows" (attention_mma._build_prefill: each warp decodes the K/V it uses, one
+    (`_PREFILL_AUTO`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
     decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
     decode in shared memory), False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps /
     mma_exact (decode kernel: 4-bit scales multiplied exactly into the 16-bit operands, not yet
-    timed): tuning knobs of the benchmark (attention_mma.get_kernel / get_prefill_kernel)."""
+    timed): tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -631,15 +633,15 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
     prefill = _PREFILL_AUTO if mma_prefill is None or mma_prefill is True else mma_prefill
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
-        from coldkv.numba_kernels import attention_mma
+        from coldkv.numba_kernels import attention_prefill
 
         smem = prefill == "smem"
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
         # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
         nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block)
         ws_acc, ws_ml = ws.views(splits, T)
-        kern = attention_mma.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
-                                                smem, mma_warps)
+        kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
+                                                    smem, mma_warps)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
         kern[(nqb, splits, H), 32 * mma_warps if smem else THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,

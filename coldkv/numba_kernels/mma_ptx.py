@@ -1,0 +1,256 @@
+"""Inline-PTX primitives of the tensor-core attention kernels, and their simulator emulations.
+
+Numba has no WMMA API, so `mma.sync.aligned.m16n8k16`, `prmt`, the code -> fp16x2 decoders and
+the vector loads are inline PTX through llvmlite (`_asm`, `_ldg`). The CUDA simulator cannot run
+PTX; under it each primitive is replaced by a Python emulation written from the PTX ISA's
+definitions, so the kernels of attention_mma.py / attention_prefill.py run in CI (logic only).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from coldkv.numba_kernels.quant import ref_e4m3_decode
+
+_E4M3_TAB = ref_e4m3_decode(np.arange(256, dtype=np.uint8)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------ inline PTX
+def _asm(ptx: str, constraints: str, ret, args):
+    """A Numba intrinsic emitting one inline-PTX block with a fixed signature (arguments are cast
+    to `args`; a tuple `ret` is a multi-output asm)."""
+    names = ", ".join(f"a{i}" for i in range(len(args)))
+
+    def codegen(context, builder, sig, llargs):
+        lt = [context.get_value_type(t) for t in args]
+        tup = isinstance(ret, types.BaseTuple)
+        rt = ir.LiteralStructType([context.get_value_type(t) for t in ret.types]) if tup else context.get_value_type(ret)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, lt), ptx, constraints, side_effect=False), list(llargs))
+        if tup:
+            return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(len(ret.types))])
+        return r
+
+    ns = {"ret": ret, "args": args, "codegen": codegen}
+    exec(f"def f(typingctx, {names}):\n    return ret(*args), codegen\n", ns)
+    return intrinsic(ns["f"])
+
+
+_u32, _f32 = types.uint32, types.float32
+_MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
+_MMA_C = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
+mma_f16 = _asm(_MMA.format("f16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
+mma_bf16 = _asm(_MMA.format("bf16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
+prmt = _asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", _u32, (_u32, _u32, _u32))
+# cvt.rn.{f16,bf16}x2.f32 d, a, b puts a in the upper half: pack(lo, hi)
+pack_f16 = _asm("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
+pack_bf16 = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
+# two E2M1 nibbles at bits sh..sh+3 and 16+sh.. of x -> fp16x2 of the values: the bits
+# (s << 15) | (eem << 9) are value * 2^-14 (0.5 is an fp16 subnormal there), times 2^14 (exact)
+# so the tensor-core operands are normal numbers.
+dec_e2m1 = _asm("{.reg .b32 y, a, b, k;\n mov.b32 k, 0x74007400;\n shr.b32 y, $1, $2;\n shl.b32 a, y, 9;\n"
+                " shl.b32 b, y, 12;\n and.b32 a, a, 0x0E000E00;\n and.b32 b, b, 0x80008000;\n or.b32 a, a, b;\n"
+                " mul.rn.f16x2 $0, a, k;}",
+                "=r,r,r", _u32, (_u32, _u32))
+# two ISO3 nibbles (sign bit 3, magnitude 0..7) -> fp16x2 of the integer values
+dec_iso3 = _asm("{.reg .b32 y, a, b, m;\n mov.b32 m, 0x64006400;\n shr.b32 y, $1, $2;\n and.b32 a, y, 0x00070007;\n"
+                " or.b32 a, a, m;\n sub.f16x2 a, a, m;\n shl.b32 b, y, 12;\n and.b32 b, b, 0x80008000;\n or.b32 $0, a, b;}",
+                "=r,r,r", _u32, (_u32, _u32))
+# bytes of x picked by the byte_perm selector (two of them, as (b, 0x64, b', 0x64)) -> fp16x2 of
+# the signed int8 values; x must already be xor-ed with 0x80808080
+dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806480;\n prmt.b32 a, $1, m, $2;\n"
+              " sub.f16x2 $0, a, c;}",
+              "=r,r,r", _u32, (_u32, _u32))
+
+
+# two E4M3 bytes (byte sel & 7 of {b, a} -> low, (sel >> 4) & 7 -> high, as prmt picks them) ->
+# fp16x2 (exact: every E4M3 value is a normal fp16); cvt keeps the byte order (low byte -> low half)
+e4m3x2 = _asm("{.reg .b32 t;\n .reg .b16 lo, hi;\n prmt.b32 t, $1, $2, $3;\n mov.b32 {lo, hi}, t;\n"
+              " cvt.rn.f16x2.e4m3x2 $0, lo;}",
+              "=r,r,r,r", _u32, (_u32, _u32, _u32))
+mul_f16x2 = _asm("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", _u32, (_u32, _u32))
+
+
+def _ldg(n):
+    """n consecutive 32-bit words arr[i .. i+n) in one ld.global.nc.v{n} (i * 4 bytes aligned to n * 4)."""
+    outs = ",".join("$%d" % i for i in range(n))
+    ptx = f"ld.global.nc.v{n}.u32 {{{outs}}}, [${n}];" if n > 1 else "ld.global.nc.u32 $0, [$1];"
+    cons = ",".join(["=r"] * n) + ",l"
+
+    @intrinsic
+    def ldg(typingctx, arr, idx):
+        ret = types.UniTuple(_u32, n) if n > 1 else _u32
+
+        def codegen(context, builder, sig, args):
+            a = context.make_array(sig.args[0])(context, builder, args[0])
+            i64 = ir.IntType(64)
+            ptr = builder.gep(a.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
+            rt = ir.LiteralStructType([ir.IntType(32)] * n) if n > 1 else ir.IntType(32)
+            r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [i64]), ptx, cons, side_effect=False),
+                             [builder.ptrtoint(ptr, i64)])
+            if n > 1:
+                return context.make_tuple(builder, ret, [builder.extract_value(r, k) for k in range(n)])
+            return r
+
+        return ret(arr, idx), codegen
+
+    return ldg
+
+
+ldg2 = _ldg(2)
+ldg4 = _ldg(4)
+
+
+# ------------------------------------------------------------------------------ simulator
+# The CUDA simulator cannot run inline PTX. Under it the primitives above are replaced by Python
+# emulations written from the PTX ISA's definitions (mma.m16n8k16 fragment layouts, prmt byte
+# selection, the asm blocks' bit operations, fp16/bf16 round-to-nearest-even), so the kernels'
+# index logic runs in the simulator on small shapes (tests/test_attention_cuda.py). What it cannot
+# show: hardware scheduling, and a misreading of the ISA shared by a kernel and its emulation;
+# the gpu tests check the kernels on the device.
+def _sim_f16(bits):
+    return float(np.array(bits & 0xFFFF, np.uint16).view(np.float16))
+
+
+def _sim_bf16(bits):
+    return float(np.array((bits & 0xFFFF) << 16, np.uint32).view(np.float32))
+
+
+def _sim_to_f16(x):
+    return int(np.array(x, np.float32).astype(np.float16).view(np.uint16))
+
+
+def _sim_to_bf16(x):
+    b = int(np.array(x, np.float32).view(np.uint32))
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _sim_halves(x):
+    x = int(x)
+    return x & 0xFFFF, (x >> 16) & 0xFFFF
+
+
+def _sim_f16x2(f, a, b):
+    """Elementwise fp16 op f on two f16x2 words (one rounding: the exact result of + - * of two
+    fp16 values fits in float32)."""
+    (a0, a1), (b0, b1) = _sim_halves(a), _sim_halves(b)
+    r = [_sim_to_f16(np.float32(f(np.float32(_sim_f16(x)), np.float32(_sim_f16(y))))) for x, y in ((a0, b0), (a1, b1))]
+    return np.uint32(r[0] | (r[1] << 16))
+
+
+def _sim_prmt(a, b, sel):
+    src = int(a) | (int(b) << 32)
+    r = 0
+    for k in range(4):
+        n = (int(sel) >> (4 * k)) & 7
+        r |= ((src >> (8 * n)) & 0xFF) << (8 * k)
+    return np.uint32(r)
+
+
+def _sim_pack_f16(lo, hi):
+    return np.uint32(_sim_to_f16(lo) | (_sim_to_f16(hi) << 16))
+
+
+def _sim_pack_bf16(lo, hi):
+    return np.uint32(_sim_to_bf16(lo) | (_sim_to_bf16(hi) << 16))
+
+
+def _sim_dec_e2m1(x, sh):
+    y = (int(x) >> int(sh)) & 0xFFFFFFFF
+    a = ((y << 9) & 0x0E000E00) | ((y << 12) & 0x80008000)
+    return _sim_f16x2(lambda u, v: u * v, a, 0x74007400)
+
+
+def _sim_dec_iso3(x, sh):
+    y = (int(x) >> int(sh)) & 0xFFFFFFFF
+    a = int(_sim_f16x2(lambda u, v: u - v, (y & 0x00070007) | 0x64006400, 0x64006400))
+    return np.uint32(a | ((y << 12) & 0x80008000))
+
+
+def _sim_dec_i8(x, sel):
+    return _sim_f16x2(lambda u, v: u - v, _sim_prmt(x, 0x64646464, sel), 0x64806480)
+
+
+def _sim_e4m3x2(a, b, sel):
+    t = int(_sim_prmt(a, b, sel))
+    return np.uint32(_sim_to_f16(_E4M3_TAB[t & 0xFF]) | (_sim_to_f16(_E4M3_TAB[(t >> 8) & 0xFF]) << 16))
+
+
+def _sim_mul_f16x2(a, b):
+    return _sim_f16x2(lambda u, v: u * v, a, b)
+
+
+_sim_lock = None
+
+
+def _sim_allgather(value):
+    """Every lane of the calling simulator thread's warp publishes `value`; returns all 32 (the
+    simulator runs each CUDA thread as a Python thread; a barrier per (block, warp))."""
+    import threading
+
+    global _sim_lock
+    if _sim_lock is None:
+        _sim_lock = threading.Lock()
+    t = threading.current_thread()
+    manager = t._manager
+    bx, by, bz = manager._block_dim
+    warp = t.thread_id // 32
+    key = (tuple(t.blockIdx), warp)
+    with _sim_lock:
+        table = manager.__dict__.setdefault("_coldkv_mma_warps", {})
+        st = table.get(key)
+        if st is None:
+            st = table[key] = (threading.Barrier(min(32, bx * by * bz - 32 * warp), timeout=120.0), [None] * 32)
+    barrier, vals = st
+    vals[t.thread_id % 32] = value
+    barrier.wait()
+    out = list(vals)
+    barrier.wait()
+    return out, t.thread_id % 32
+
+
+def _sim_mma(conv):
+    def mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        """mma.sync.aligned.m16n8k16.row.col.f32: lane (gid, tig) holds A (row gid | gid + 8,
+        cols 2 tig, 2 tig + 1 | + 8), B (k rows 2 tig, 2 tig + 1 | + 8, col gid), C (rows gid |
+        gid + 8, cols 2 tig, 2 tig + 1); low half = the lower column / k."""
+        frags, lane = _sim_allgather((a0, a1, a2, a3, b0, b1))
+        A = np.zeros((16, 16))
+        B = np.zeros((16, 8))
+        for ln, (x0, x1, x2, x3, y0, y1) in enumerate(frags):
+            g, t = ln >> 2, ln & 3
+            for (r, c), w in (((g, 2 * t), x0), ((g + 8, 2 * t), x1), ((g, 2 * t + 8), x2), ((g + 8, 2 * t + 8), x3)):
+                A[r, c], A[r, c + 1] = conv(int(w)), conv(int(w) >> 16)
+            for k, w in ((2 * t, y0), (2 * t + 8, y1)):
+                B[k, g], B[k + 1, g] = conv(int(w)), conv(int(w) >> 16)
+        g, t = lane >> 2, lane & 3
+        D = A @ B
+        return (np.float32(D[g, 2 * t] + c0), np.float32(D[g, 2 * t + 1] + c1),
+                np.float32(D[g + 8, 2 * t] + c2), np.float32(D[g + 8, 2 * t + 1] + c3))
+    return mma
+
+
+def _sim_ldg(n):
+    def ldg(arr, idx):
+        i = int(idx)
+        return tuple(np.uint32(arr[i + k]) for k in range(n)) if n > 1 else np.uint32(arr[i])
+    return ldg
+
+
+def _sim_install():
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule
+
+    if not hasattr(FakeCUDAModule, "any_sync"):  # the decode / rows kernels' warp vote
+        FakeCUDAModule.any_sync = lambda self, mask, pred: self.ballot_sync(mask, pred) != 0
+
+
+from numba import config as _config  # noqa: E402
+
+SIMULATED = bool(_config.ENABLE_CUDASIM)
+if SIMULATED:
+    mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
+    prmt, pack_f16, pack_bf16 = _sim_prmt, _sim_pack_f16, _sim_pack_bf16
+    dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
+    e4m3x2, mul_f16x2 = _sim_e4m3x2, _sim_mul_f16x2
+    ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
