@@ -497,6 +497,11 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
         ck = cuda.local.array(2, np.float32)
 
         for k0 in range(kb, ke, CHB):
+            # Every warp must be done with the previous chunk before its row table and int8 row
+            # scales are overwritten: the MMA phase reads rows[0] (key mask), ksr and vsr. Without
+            # this barrier warps 0-1 (tid < CHB) could rewrite them while warp 2 or 3 still used
+            # them: on the H200 (4e6dd62) one warp's 8 tokens differed between two launches.
+            cuda.syncthreads()
             # ---- rows of the chunk's keys (-1: unallocated page or past the block's keys)
             if tid < CHB:
                 key = k0 + tid
@@ -515,7 +520,7 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
                     ksr[tid] = k_scales[IX(rk)] if rk >= 0 else f32(0.0)
                 if vf == INT8:
                     vsr[tid] = v_scales[IX(rv)] if rv >= 0 else f32(0.0)
-            cuda.syncthreads()  # (also: every warp is done with the previous chunk)
+            cuda.syncthreads()  # rows and row scales are ready
             # ---- decode K: item (key, code word); zeros for invalid keys
             for it in range(tid, NKI, TH):
                 if kf == BF16:
