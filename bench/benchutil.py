@@ -16,3 +16,10 @@ def git_commit(arg: str | None = None) -> str:
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def prompt_ids(tok, n: int) -> list[int]:
+    """n token ids: the examples' texts, tokenized and repeated to the length."""
+    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))
+    ids = tok.encode(text)
+    return (ids * (n // len(ids) + 1))[:n]

@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import git_commit, prompt_ids  # noqa: E402
 
 import coldkv  # noqa: E402
 from coldkv.numba_kernels import attention_cuda  # noqa: E402
@@ -58,12 +58,6 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     (out / "config.json").unlink()
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
     return out
-
-
-def prompt_ids(tok: Tokenizer, n: int) -> list[int]:
-    text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))
-    ids = tok.encode(text)
-    return (ids * (n // len(ids) + 1))[:n]
 
 
 def time_coldkv(backend, tok, ids, table, new, prefill_attention="rows"):

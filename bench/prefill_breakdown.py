@@ -27,19 +27,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import git_commit, prompt_ids  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import coldkv  # noqa: E402
 from coldkv.runtime import cuda_backend as CB  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
 from coldkv.runtime.tokenizer import Tokenizer  # noqa: E402
-
-
-def prompt_ids(tok: Tokenizer, n: int) -> np.ndarray:
-    text = "".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))
-    ids = tok.encode(text)
-    return np.array((ids * (n // len(ids) + 1))[:n], np.int64)
 
 
 class AttentionTimer:
@@ -113,10 +107,10 @@ def main() -> None:
     table = resolve_table(a.table, backend.args.num_hidden_layers)
     warm = 2 * a.chunk + 100  # calibration chunk, a full chunk, a short one: every kernel variant
     for b in (backend, eager):
-        b.prefill(prompt_ids(tok, warm), b.new_cache(table, warm), a.chunk)
+        b.prefill(np.array(prompt_ids(tok, warm)), b.new_cache(table, warm), a.chunk)
     results = []
     for n in [int(x) for x in a.prompts.split(",")]:
-        ids = prompt_ids(tok, n)
+        ids = np.array(prompt_ids(tok, n), np.int64)
 
         def sync_per_chunk():
             cache = backend.new_cache(table, n)

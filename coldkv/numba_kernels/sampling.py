@@ -113,6 +113,23 @@ def _sum(v, buf):
 
 
 @cuda.jit(device=True)
+def _max(v, buf):
+    """Block-wide max of one float64 per thread (every thread gets it)."""
+    t, n = cuda.threadIdx.x, cuda.blockDim.x
+    buf[t] = v
+    cuda.syncthreads()
+    s = n // 2
+    while s > 0:
+        if t < s:
+            buf[t] = max(buf[t], buf[t + s])
+        cuda.syncthreads()
+        s //= 2
+    r = buf[0]
+    cuda.syncthreads()
+    return r
+
+
+@cuda.jit(device=True)
 def _argmax(v, i, vbuf, ibuf):
     """Block-wide (max v, smallest i among equal v) -> i (every thread gets it)."""
     t, n = cuda.threadIdx.x, cuda.blockDim.x
@@ -170,16 +187,7 @@ def sample_kernel(logits, params, state, out):
         zmax = -np.inf
         for i in range(t, V, n):
             zmax = max(zmax, np.float64(_scaled(logits[i], temp)))
-        fbuf[t] = zmax
-        cuda.syncthreads()
-        s = n // 2
-        while s > 0:
-            if t < s:
-                fbuf[t] = max(fbuf[t], fbuf[t + s])
-            cuda.syncthreads()
-            s //= 2
-        zmax = fbuf[0]
-        cuda.syncthreads()
+        zmax = _max(zmax, fbuf)
         if top_p < 1:  # largest key whose kept tail (key >= it) holds >= top_p of the mass
             total = 0.0
             for i in range(t, V, n):

@@ -93,10 +93,10 @@ class CUDABackend:
         self.sm_scale = float(a.head_dim) ** -0.5
         self._alloc_buffers()
         self._rope_rows = 0
-        # captured passes of one cache, by (tokens, head): None after the eager first pass.
-        # Graphs hold the cache's pool and table addresses, so a new cache means new captures.
+        # captured passes of one cache, by (tokens, head). Graphs hold the cache's pool and table
+        # addresses, so a new cache means new captures.
         self._graph_cache: DevicePagedKVCache | None = None
-        self._graphs: dict[tuple[int, str | None], CapturedGraph | None] = {}
+        self._graphs: dict[tuple[int, str | None], CapturedGraph] = {}
         self._sampler: Sampler | None = None  # whose rules and seed are in sample_params / sample_state
         self._compiled: set[tuple] = set()  # (T, head, KV formats) passes run once: no compile under capture
 
@@ -171,13 +171,8 @@ class CUDABackend:
             parts = [self.forward(tokens[i:i + step], cache, all_logits) for i in range(0, len(tokens), step)]
             return np.concatenate(parts) if all_logits else parts[-1]
         T = len(tokens)
-        pos0 = cache.extend(T)
+        pos0 = self._stage(tokens, cache)
         s = self.stream
-        self.tok_host[:T] = tokens
-        self.pos_host[0] = pos0
-        cache.sync(s)
-        self.tok.copy_to_device(self.tok_host, stream=s)
-        self.pos.copy_to_device(self.pos_host, stream=s)
         if T == 1 and not all_logits and cache.calibrated.all():
             out = self._graphed_step(1, cache, "logits")
         else:
@@ -201,6 +196,7 @@ class CUDABackend:
         tok_dev = cuda.to_device(tokens.astype(np.int32), stream=s)  # [n]
         starts = list(range(0, n, chunk))
         pos_dev = cuda.to_device(np.array(starts, np.int32) + pos0, stream=s)  # [chunks] first positions
+        report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
         for c, start in enumerate(starts):
             T = min(chunk, n - start)
@@ -219,13 +215,11 @@ class CUDABackend:
             if len(done) > 2:
                 ev_old, n_old = done.pop(0)
                 ev_old.synchronize()
-                if on_progress:
-                    on_progress(n_old)
+                report(n_old)
         out.copy_to_host(self.logits_host, stream=s)
         s.synchronize()
         for _, n_done in done:
-            if on_progress:
-                on_progress(n_done)
+            report(n_done)
         return self.logits_host[0].copy()
 
     def decode(self, token: int, cache: DevicePagedKVCache, sampler: Sampler) -> int:
@@ -238,11 +232,7 @@ class CUDABackend:
             self.sample_params.copy_to_device(np.array([p.temperature, p.top_k, p.top_p], np.float32), stream=s)
             self.sample_state.copy_to_device(np.array([p.seed, 0], np.int64), stream=s)
             self._sampler = sampler
-        pos0 = cache.extend(1)
-        self.tok_host[0], self.pos_host[0] = token, pos0
-        cache.sync(s)
-        self.tok.copy_to_device(self.tok_host, stream=s)
-        self.pos.copy_to_device(self.pos_host, stream=s)
+        pos0 = self._stage([token], cache)
         if cache.calibrated.all():
             self._graphed_step(1, cache, "sample")
         else:  # a cache whose prompt was empty
@@ -251,21 +241,32 @@ class CUDABackend:
         s.synchronize()
         return int(self.sample_host[0])
 
+    def _stage(self, tokens, cache: DevicePagedKVCache) -> int:
+        """Extend the cache by len(tokens) <= MAX_CHUNK and queue their ids (self.tok), first
+        position (self.pos) and the block table for the device; -> that position."""
+        T, s = len(tokens), self.stream
+        pos0 = cache.extend(T)
+        self.tok_host[:T] = tokens
+        self.pos_host[0] = pos0
+        cache.sync(s)
+        self.tok.copy_to_device(self.tok_host, stream=s)
+        self.pos.copy_to_device(self.pos_host, stream=s)
+        return pos0
+
     def _graphed_step(self, T: int, cache: DevicePagedKVCache, head: str | None):
         """A pass over the T tokens in self.tok, first position in self.pos (device-position mode,
-        so one capture serves every decode step / every full prefill chunk). The first pass of a
-        (cache, T, head) runs eagerly (it compiles those kernel variants), the second is
-        captured, later ones replay; if this backend already ran such a pass for another cache, the
-        first pass is captured at once. -> the logits buffer, or None."""
+        so one capture serves every decode step / every full prefill chunk). The first such pass
+        of this backend (T, head, KV formats) runs eagerly, because it compiles kernel variants;
+        after that a cache captures the pass on first use and replays it. -> the logits buffer,
+        or None."""
         if self._graph_cache is not cache:
             self._graph_cache, self._graphs = cache, {}
         key = (T, head)
         compiled = (T, head, tuple(cache.table.layers))
-        if not self.graphs or (key not in self._graphs and compiled not in self._compiled):
-            self._graphs[key] = None
+        if not self.graphs or compiled not in self._compiled:
             self._compiled.add(compiled)
             return self._step(T, None, cache, False, head=head)
-        if self._graphs.get(key) is None:
+        if key not in self._graphs:
             self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, head=head))
         self._graphs[key].launch()
         return self.logits if head else None
