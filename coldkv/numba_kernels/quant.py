@@ -562,15 +562,16 @@ def e2m1_enc_bits(v):
     (bits >> 22) = 2 * exponent + mantissa bit, and code = that - 2 * 126, saturated at 7.
     |v| < 1 (step 0.5): RNE(2 |v|) by adding 2^23 (whose ulp is 1) gives code 0, 1 or 2.
     2 |v| is exact, so an fma contraction of the add cannot change the rounding. NaN gives 7.
-    About 10 integer/float ops against ~16 for the previous float-only version.
+    Both are computed and one is selected (no divergent branch), every integer step cast back to
+    uint32 so it compiles to 32-bit ops (numba types integer arithmetic as 64-bit).
     """
     b = _u32(f32_bits(v))
     a = b & np.uint32(0x7FFFFFFF)
-    if a >= np.uint32(0x3F800000):
-        m = min(((a + np.uint32(0x1FFFFF) + ((a >> np.uint32(22)) & np.uint32(1))) >> np.uint32(22))
-                - np.uint32(252), np.uint32(7))
-    else:
-        m = _u32(f32_bits(bits_f32(a) * np.float32(2.0) + np.float32(8388608.0))) - np.uint32(0x4B000000)
+    r = np.uint32(a + np.uint32(0x1FFFFF) + ((a >> np.uint32(22)) & np.uint32(1)))  # < 2^32: a < 2^31
+    mh = min(np.uint32(r >> np.uint32(22)), np.uint32(259))  # 254..259 (code + 252) when a >= 1
+    ml = np.uint32(_u32(f32_bits(bits_f32(a) * np.float32(2.0) + np.float32(8388608.0)))
+                   - np.uint32(0x4B000000 - 252))  # 252..254 when a < 1 (the sum is >= 2^23)
+    m = np.uint32((mh if a >= np.uint32(0x3F800000) else ml) - np.uint32(252))
     return np.int64(((b >> np.uint32(28)) & np.uint32(8)) | m)
 
 
