@@ -60,10 +60,16 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     return out
 
 
-def time_coldkv(backend, tok, ids, table, new, prefill_attention="rows"):
+_PREFILL_KERNELS = {"rows": ("rows", 4), "smem": ("smem", 4), "smem8": ("smem", 8)}
+_AUTO = attention_cuda._prefill_auto
+
+
+def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
     """-> (prefill tok/s, decode tok/s, generated tokens). prefill_attention: which prefill kernel
-    attention_cuda's "auto" picks (its module setting, switched here for an A/B in one run)."""
-    attention_cuda._PREFILL_AUTO = prefill_attention
+    attention_cuda's "auto" picks ("auto" its own choice per format; a name of _PREFILL_KERNELS
+    swaps its module-level chooser, for an A/B in one run)."""
+    kern = _PREFILL_KERNELS.get(prefill_attention)
+    attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf: kern)
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
@@ -114,8 +120,8 @@ def main() -> None:
     ap.add_argument("--tables", default="bf16,nvfp4")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prefill-attention", default="rows",
-                    help="prefill kernels to time, e.g. rows,smem (attention_cuda._PREFILL_AUTO); each "
+    ap.add_argument("--prefill-attention", default="auto",
+                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), rows, smem, smem8; each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")

@@ -547,8 +547,13 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128), (NVFP4, NVFP4, 4, 128): (0, 128), 
               (NVFP4, ISO3, 4, 128): (0, 128)}
 
 
-# the prefill kernel that kernel="auto" runs for T > 1 (see paged_attention_cuda's mma_prefill)
-_PREFILL_AUTO = "rows"
+def _prefill_auto(kf, vf):
+    """(prefill kernel, warps per block) that kernel="auto" runs for T > 1 (paged_attention_cuda's
+    mma_prefill / mma_warps). H200, fdbb10e, T=2048 (bench/results/attention_prefill_T2048.json):
+    4-bit K: "smem" with 8 warps (one decode in shared memory serves 128 rows) beat "rows" at every
+    context (nvfp4 131072: 48.0 vs 64.3 ms); bf16 K: "rows" (53.8 vs 74.3 ms; nothing to decode, so
+    sharing buys less than the barriers cost). int8 was not measured: "rows"."""
+    return ("smem", 8) if kf in (NVFP4, ISO3) else ("rows", NWARPS)
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
@@ -584,7 +589,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=4, mma_exact=False):
+                         mma_warps=None, mma_exact=True):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -602,13 +607,14 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
     applies (a GPU, G <= 8). With the tensor-core kernel, a chunk of T > 1 query tokens runs a
     prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
-    (`_PREFILL_AUTO`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
+    (`_prefill_auto`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
     decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
     decode in shared memory), False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps /
-    mma_exact (decode kernel: 4-bit scales multiplied exactly into the 16-bit operands, not yet
-    timed): tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
+    mma_exact (decode kernel: 4-bit scales multiplied exactly into the 16-bit operands; the default
+    since it measured faster: H200 fdbb10e, 131072 tokens 32/8/128, graph replay nvfp4 150 -> 123 us,
+    iso3 155 -> 128 us, bench/results/attention_decode_variants_fdbb10e.json): tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -631,7 +637,10 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    prefill = _PREFILL_AUTO if mma_prefill is None or mma_prefill is True else mma_prefill
+    auto_prefill, auto_warps = _prefill_auto(k_fmt, v_fmt)
+    prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
+    if mma_warps is None:
+        mma_warps = auto_warps if prefill == auto_prefill else NWARPS
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
