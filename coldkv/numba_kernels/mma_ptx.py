@@ -102,6 +102,51 @@ ldg2 = _ldg(2)
 ldg4 = _ldg(4)
 
 
+def _cp_async(nbytes):
+    """cp.async of nbytes (4 or 16: 1 or 4 words of 4 bytes) from global src[si..] to shared
+    dst[di..] (element indices; both 4-byte dtypes, the addresses aligned to nbytes). The copy
+    lands asynchronously: visible to this thread after cp_async_wait, to the warp after a syncwarp."""
+    kind = "cg" if nbytes == 16 else "ca"  # .cg (L2 only) exists for 16 bytes only
+    ptx = ("{ .reg .u64 t; .reg .u32 d; cvta.to.shared.u64 t, $0; cvt.u32.u64 d, t; "
+           f"cp.async.{kind}.shared.global [d], [$1], {nbytes}; }}")
+
+    @intrinsic
+    def cp(typingctx, dst, di, src, si):
+        def codegen(context, builder, sig, args):
+            i64 = ir.IntType(64)
+            ptrs = []
+            for a, i in ((0, 1), (2, 3)):
+                arr = context.make_array(sig.args[a])(context, builder, args[a])
+                p = builder.gep(arr.data, [context.cast(builder, args[i], sig.args[i], types.int64)])
+                ptrs.append(builder.ptrtoint(p, i64))
+            fn = ir.FunctionType(ir.VoidType(), [i64, i64])
+            builder.call(ir.InlineAsm(fn, ptx, "l,l,~{memory}", side_effect=True), ptrs)
+            return context.get_dummy_value()
+
+        return types.void(dst, di, src, si), codegen
+
+    return cp
+
+
+def _asm_void(ptx):
+    @intrinsic
+    def f(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
+    return f
+
+
+cp_async4 = _cp_async(4)
+cp_async16 = _cp_async(16)
+cp_async_commit = _asm_void("cp.async.commit_group;")
+# wait until at most n of this thread's committed groups are pending (n = stages - 1 of a ring)
+cp_async_wait = {n: _asm_void(f"cp.async.wait_group {n};") for n in range(8)}
+
+
 # ------------------------------------------------------------------------------ simulator
 # The CUDA simulator cannot run inline PTX. Under it the primitives above are replaced by Python
 # emulations written from the PTX ISA's definitions (mma.m16n8k16 fragment layouts, prmt byte
@@ -238,6 +283,17 @@ def _sim_ldg(n):
     return ldg
 
 
+def _sim_cp_async(n):
+    def cp(dst, di, src, si):  # lands at once under the simulator
+        for k in range(n):
+            dst[int(di) + k] = src[int(si) + k]
+    return cp
+
+
+def _sim_nop():
+    return None
+
+
 def _sim_install():
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
@@ -254,3 +310,6 @@ if SIMULATED:
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
     e4m3x2, mul_f16x2 = _sim_e4m3x2, _sim_mul_f16x2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
+    cp_async4, cp_async16 = _sim_cp_async(1), _sim_cp_async(4)
+    cp_async_commit = _sim_nop
+    cp_async_wait = {n: _sim_nop for n in range(8)}
