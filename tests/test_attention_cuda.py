@@ -102,7 +102,8 @@ def _kernel_kw(kernel):
             "mma_rows": {"kernel": "mma", "mma_prefill": "rows"},
             "mma_smem": {"kernel": "mma", "mma_prefill": "smem"},
             "mma_smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
-            "mma_exact": {"kernel": "mma", "mma_exact": True}}.get(kernel, {"kernel": kernel})
+            "mma_direct": {"kernel": "mma", "mma_stages": 0},
+            "mma_s2": {"kernel": "mma", "mma_stages": 2}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -202,7 +203,8 @@ def test_prefill_chunk_causal(T, L):
 # kernels' index logic is checked without a GPU (on a GPU these cases run the real kernels).
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel
-    ("mma_exact", "iso3", "nvfp4", 4, 64, 1, 37, 16),
+    ("mma_direct", "iso3", "nvfp4", 4, 64, 1, 37, 16),
+    ("mma_s2", "bf16", "int8", 2, 64, 1, 45, 8),
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16)] + [pytest.param(*c, marks=SIM_SLOW) for c in [
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
@@ -325,7 +327,7 @@ KERNELS = ["fma", "mma"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_exact"])
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_direct"])
 @pytest.mark.parametrize("kname,vname,G,D", [
     ("bf16", "bf16", 4, 128), ("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128), ("nvfp4", "iso3", 4, 128),
     ("nvfp4", "nvfp4", 6, 256), ("bf16", "bf16", 6, 256), ("int8", "nvfp4", 1, 64), ("iso3", "bf16", 8, 128)])
@@ -414,7 +416,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_exact"])
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_direct"])
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)

@@ -39,8 +39,8 @@ from numba import cuda
 from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (SIMULATED, _sim_install: attention_cuda)
-    SIMULATED, _E4M3_TAB, _sim_install, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ldg2, ldg4, mma_bf16, mma_f16,
-    mul_f16x2, pack_bf16, pack_f16, prmt)
+    SIMULATED, _sim_install, cp_async4, cp_async16, cp_async_commit, cp_async_wait, dec_e2m1, dec_i8, dec_iso3,
+    e4m3x2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -50,12 +50,31 @@ _NEG_INF = np.float32(-np.inf)
 _VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}
 
 # ------------------------------------------------------------------------------ the kernel
+_PAD = 4  # words of padding per staged row: rows gid / 2 tig of a fragment read hit distinct banks
+_MAX_STAGES = 4
+_SMEM_BUDGET = 40 * 1024  # bytes of cp.async ring per block (static shared memory is capped at 48 KiB)
+
+
 def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
-def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = False,
-           exact: bool = False):
+def _scale_words(fmt: int, D: int) -> int:
+    """32-bit scale words per row: E4M3 bytes of the 4-bit formats, int8's fp32 row scale, none."""
+    return D // 64 if fmt in (NVFP4, ISO3) else (1 if fmt == INT8 else 0)
+
+
+def auto_stages(kf: int, vf: int, D: int, nt: int = 0) -> int:
+    """Depth of the cp.async ring: as many chunks as fit in _SMEM_BUDGET (at most _MAX_STAGES),
+    0 (direct loads) when fewer than 2 fit (bf16: 8.5 KiB a chunk and warp at d=128)."""
+    CH = 8 * (nt or 2)
+    words = CH * (D // _VPW[kf] + D // _VPW[vf] + 2 * _PAD + _scale_words(kf, D) + _scale_words(vf, D))
+    n = min(_MAX_STAGES, _SMEM_BUDGET // (NWARPS * 4 * words))
+    return n if n >= 2 else 0
+
+
+def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
+           stages: int = -1):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -68,42 +87,232 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
     pack_v = pack_bf16 if vf == BF16 else pack_f16
-    # V scales go into the fp16 B operand as p * scale * VSC: p <= 2^8 (lazy max), E4M3 <= 448,
-    # so 2^-1 keeps it under the fp16 maximum.
-    VSC = 0.5
-    E4TAB = _E4M3_TAB
     read_pos = _pos_dev if devpos else _pos_int
-    # Global/shared indices of the loop as int64 (measured default) or uint64: uint64 drops Numba's
-    # negative-index wraparound (compare + select per access): loop body -25% (nvfp4) to -48%
-    # (bf16) SASS, fewer registers (ptxas 13.0: nvfp4 188 -> 150). Not yet timed on the device.
+    # Global/shared indices as uint64 (the default: drops Numba's negative-index wraparound, a
+    # compare + select per access) or int64.
     IX = np.uint64 if u64 else np.int64
-    # exact: the 4-bit scales multiplied into the 16-bit operands as the prefill kernels do
-    # (E4M3 pair by cvt, one mul.f16x2 per register, exact; no shared table lookups, no per-step
-    # fp32 rescale of the K result, P packed once per 16 tokens). Not yet timed on the device.
-    XS = exact
+    # cp.async ring: S chunks of K and V (codes and scales) per warp in flight, so a warp keeps
+    # ~S x (its chunk's bytes) of loads outstanding while it computes (direct loads: one chunk's K,
+    # then its V, each waited for). Staged rows are padded by _PAD words.
+    S = auto_stages(kf, vf, D, nt) if stages < 0 else stages
+    RKP, RVP = RWK + _PAD, RWV + _PAD
+    SWK, SWV = _scale_words(kf, D), _scale_words(vf, D)
+    UK, UV = RWK // 4, RWV // 4  # 16-byte units per row
+    RING = NWARPS * max(S, 1) * CH  # staged rows per block
+    NKC, NVC, NKS, NVS = RING * RKP, RING * RVP, RING * max(SWK, 1), RING * max(SWV, 1)  # ring words
+    KST = np.float32 if kf == INT8 else np.uint32
+    VST = np.float32 if vf == INT8 else np.uint32
+    wait_ring = cp_async_wait[max(S - 1, 0)]
+    wait_all = cp_async_wait[0]
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
 
     @cuda.jit(device=True, inline=True)
-    def load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid):
+    def load_k(kcode, kscal, kreg, ksc, krs, kb, kst, c0, last, tig, gid):
+        """K of the chunk from staged rows (shared, scalar loads): lane holds the row of token gid
+        of each tile (clamped to the page's last valid row); row r is at (kb + r) * kst."""
+        for u in range(NT):
+            row = kb + min(c0 + 8 * u + gid, last)
+            if kf == INT8:
+                for s in range(NS):
+                    kreg[u, s] = kcode[IX(row * kst + 4 * s + tig)] ^ u32(0x80808080)
+                for i in range(2):  # row scales of the tokens of this lane's columns
+                    krs[u, i] = kscal[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
+            elif kf == BF16:
+                for s in range(NS):
+                    kreg[u, 2 * s] = kcode[IX(row * kst + 8 * s + 2 * tig)]
+                    kreg[u, 2 * s + 1] = kcode[IX(row * kst + 8 * s + 2 * tig + 1)]
+            else:
+                for w in range(KW):
+                    kreg[u, w] = kcode[IX(row * kst + w)]
+                for w in range(SW):
+                    ksc[u, w] = kscal[IX(row * SW + w)]
+
+    @cuda.jit(device=True, inline=True)
+    def load_k_global(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
+        """load_k from the pool itself, with vector non-coherent loads (the direct path)."""
+        for u in range(NT):
+            row = kb + min(c0 + 8 * u + gid, last)
+            if K4:
+                for m in range(KW // 4):
+                    a, b, c, d = ldg4(k_words, row * RWK + 4 * m)
+                    kreg[u, 4 * m] = a
+                    kreg[u, 4 * m + 1] = b
+                    kreg[u, 4 * m + 2] = c
+                    kreg[u, 4 * m + 3] = d
+                for w in range(SW):
+                    ksc[u, w] = k_scales[IX(row * SW + w)]
+            elif kf == BF16:
+                for s in range(NS):
+                    a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
+                    kreg[u, 2 * s] = a
+                    kreg[u, 2 * s + 1] = b
+            else:
+                for s in range(NS):
+                    kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
+                for i in range(2):
+                    krs[u, i] = k_scales[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
+
+    @cuda.jit(device=True, inline=True)
+    def load_v(vcode, vscal, vreg, vsc, vrs, vb, vst, c0, last, tig, gid):
         """V code words (and scales) of the chunk: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each
-        16-token step (clamped to the page's last valid row), the words of this lane's dims."""
+        16-token step (clamped to the page's last valid row), the words of this lane's dims; row
+        r at (vb + r) * vst (the pool or the staged rows)."""
         for v in range(NT2):
             for i in range(4):
-                row = pv * P + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
+                row = vb + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
                 for j in range(NS):
                     if V4:
-                        vreg[v, i, j] = v_words[IX(row * RWV + 2 * j + (gid >> 2))]
+                        vreg[v, i, j] = vcode[IX(row * vst + 2 * j + (gid >> 2))]
                     elif vf == BF16:
-                        vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
+                        vreg[v, i, j] = vcode[IX(row * vst + 8 * j + gid)]
                     else:
-                        vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
+                        vreg[v, i, j] = vcode[IX(row * vst + 4 * j + (gid >> 1))] ^ u32(0x80808080)
                 if V4:
                     for w in range(SW):
-                        vsc[v, i, w] = v_scales[IX(row * SW + w)]
+                        vsc[v, i, w] = vscal[IX(row * SW + w)]
                 elif vf == INT8:
-                    vrs[v, i] = v_scales[IX(row)]
+                    vrs[v, i] = vscal[IX(row)]
+
+    @cuda.jit(device=True, inline=True)
+    def stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, c0, P, sb, lane):
+        """cp.async the chunk's n rows (from c0) of K and V, codes and scales, into ring slot sb
+        (its first staged row), then commit the group (empty for an unallocated page)."""
+        if n > 0:
+            rk = pk * P + c0
+            rv = pv * P + c0
+            for x in range(lane, n * UK, 32):
+                r = x // UK
+                cp_async16(skc, IX((sb + r) * RKP + 4 * (x - r * UK)), k_words, IX(rk * RWK + 4 * x))
+            for x in range(lane, n * UV, 32):
+                r = x // UV
+                cp_async16(svc, IX((sb + r) * RVP + 4 * (x - r * UV)), v_words, IX(rv * RWV + 4 * x))
+            for x in range(lane, n * SWK, 32):
+                cp_async4(sks, IX(sb * SWK + x), k_scales, IX(rk * SWK + x))
+            for x in range(lane, n * SWV, 32):
+                cp_async4(svs, IX(sb * SWV + x), v_scales, IX(rv * SWV + x))
+        cp_async_commit()
+
+    @cuda.jit(device=True, inline=True)
+    def scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig):
+        """K phase: S[g, tok] of the chunk's NT 8-token tiles into sv (-inf past nval)."""
+        shk = u32(4 * tig)
+        for u in range(NT):
+            c_0 = f32(0.0)
+            c_1 = f32(0.0)
+            for s in range(NS):
+                if K4:  # group scales of token gid (B's column) multiplied into B
+                    kw = ksc[u, s >> 2]
+                    bsh = u32(s & 3)
+                    sp = e4m3x2(kw, kw, bsh | (bsh << 4))
+                    if kf == NVFP4:
+                        b0 = mul_f16x2(dec_e2m1(kreg[u, 2 * s], shk), sp)
+                        b1 = mul_f16x2(dec_e2m1(kreg[u, 2 * s + 1], shk), sp)
+                    else:
+                        b0 = mul_f16x2(dec_iso3(kreg[u, 2 * s], shk), sp)
+                        b1 = mul_f16x2(dec_iso3(kreg[u, 2 * s + 1], shk), sp)
+                elif kf == BF16:
+                    b0 = kreg[u, 2 * s]
+                    b1 = kreg[u, 2 * s + 1]
+                else:
+                    w = kreg[u, s]
+                    b0 = dec_i8(w, 0x5140)
+                    b1 = dec_i8(w, 0x7362)
+                c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, b0, b1, c_0, c_1, f32(0.0), f32(0.0))
+            if kf == INT8:
+                c_0 *= krs[u, 0]
+                c_1 *= krs[u, 1]
+            elif K4:
+                c_0 *= kc
+                c_1 *= kc
+            tok = c0 + 8 * u + 2 * tig
+            sv[u, 0] = c_0 if tok < nval else _NEG_INF
+            sv[u, 1] = c_1 if tok + 1 < nval else _NEG_INF
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid):
+        """Online softmax of the chunk's scores (row g = gid over its 4 lanes), then O^T += V^T P^T
+        per 16-token step; returns the new (m_run, l_run)."""
+        mx = _NEG_INF
+        for u in range(NT):
+            mx = max(mx, max(sv[u, 0], sv[u, 1]))
+        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
+        mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
+        need = mx > m_run + _LAZY
+        if cuda.any_sync(0xFFFFFFFF, need):  # rare: the running max moves
+            mnew = mx if need else m_run
+            alpha = math.exp2(m_run - mnew)
+            l_run *= alpha
+            m_run = mnew
+            aa = cuda.shfl_sync(0xFFFFFFFF, alpha, 8 * tig)  # alpha of row g = 2tig
+            ab = cuda.shfl_sync(0xFFFFFFFF, alpha, 8 * tig + 4)
+            for j in range(NS):
+                acc[j, 0] *= aa
+                acc[j, 1] *= ab
+                acc[j, 2] *= aa
+                acc[j, 3] *= ab
+        for u in range(NT):
+            for i in range(2):
+                pr = math.exp2(sv[u, i] - m_run)
+                l_run += pr
+                sv[u, i] = pr
+        shv = u32(4 * (gid & 3))
+        bsel = gid & 1
+        sel_i8 = u32(bsel | ((4 + bsel) << 4) | ((2 + bsel) << 8) | ((6 + bsel) << 12))
+        for v in range(NT2):
+            p0 = sv[2 * v, 0]  # tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of the step
+            p1 = sv[2 * v, 1]
+            p2 = sv[2 * v + 1, 0]
+            p3 = sv[2 * v + 1, 1]
+            if vf == INT8:
+                bb0 = pack_v(p0 * vrs[v, 0], p1 * vrs[v, 1])
+                bb1 = pack_v(p2 * vrs[v, 2], p3 * vrs[v, 3])
+            else:
+                bb0 = pack_v(p0, p1)
+                bb1 = pack_v(p2, p3)
+            for j in range(NS):
+                x0 = vreg[v, 0, j]
+                x1 = vreg[v, 1, j]
+                x2 = vreg[v, 2, j]
+                x3 = vreg[v, 3, j]
+                if V4:  # scales of tokens t0 | t1 (a0, a1) and t2 | t3 (a2, a3) into A
+                    w = j >> 2
+                    bsh = u32(j & 3)
+                    sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], bsh | ((bsh + 4) << 4))
+                    sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], bsh | ((bsh + 4) << 4))
+                    z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)  # nibble (gid&3) of t0 | t1
+                    z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)  # nibble (gid&3)+4
+                    z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
+                    z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
+                    if vf == NVFP4:
+                        a0 = mul_f16x2(dec_e2m1(z0, 0), sp01)
+                        a1 = mul_f16x2(dec_e2m1(z1, 0), sp01)
+                        a2 = mul_f16x2(dec_e2m1(z2, 0), sp23)
+                        a3 = mul_f16x2(dec_e2m1(z3, 0), sp23)
+                    else:
+                        a0 = mul_f16x2(dec_iso3(z0, 0), sp01)
+                        a1 = mul_f16x2(dec_iso3(z1, 0), sp01)
+                        a2 = mul_f16x2(dec_iso3(z2, 0), sp23)
+                        a3 = mul_f16x2(dec_iso3(z3, 0), sp23)
+                elif vf == BF16:
+                    a0 = prmt(x0, x1, 0x5410)
+                    a1 = prmt(x0, x1, 0x7632)
+                    a2 = prmt(x2, x3, 0x5410)
+                    a3 = prmt(x2, x3, 0x7632)
+                else:
+                    z01 = prmt(x0, x1, sel_i8)
+                    z23 = prmt(x2, x3, sel_i8)
+                    a0 = dec_i8(z01, 0x5140)
+                    a1 = dec_i8(z01, 0x7362)
+                    a2 = dec_i8(z23, 0x5140)
+                    a3 = dec_i8(z23, 0x7362)
+                r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, bb0, bb1, acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
+                acc[j, 0] = r0
+                acc[j, 1] = r1
+                acc[j, 2] = r2
+                acc[j, 3] = r3
+        return m_run, l_run
 
     jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
 
@@ -122,15 +331,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         tig = lane & 3
         split = blk * NWARPS + warp
         hq0 = h * G
-
-        e4k = cuda.shared.array(256, np.float32)  # E4M3 value * K constants
-        e4v = cuda.shared.array(256, np.float32)
         kc = f32(1.0) / gscale[0, h]
-        vcs = f32(VSC)
-        for i in range(tid, 256, THREADS):
-            e4k[i] = E4TAB[i] * kc
-            e4v[i] = E4TAB[i] * vcs
-        cuda.syncthreads()
 
         L = pos0 + t + 1
         npages = (L + P - 1) // P
@@ -172,209 +373,97 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         m_run = _NEG_INF  # of row g = gid
         l_run = f32(0.0)  # this lane's share of row gid's sum
         kreg = cuda.local.array((NT, KW), np.uint32)
-        ksc = cuda.local.array((NT, 2, SW), np.uint32)
+        ksc = cuda.local.array((NT, SW), np.uint32)
         krs = cuda.local.array((NT, 2), np.float32)
         sv = cuda.local.array((NT, 2), np.float32)
         vreg = cuda.local.array((NT2, 4, NS), np.uint32)
         vsc = cuda.local.array((NT2, 4, SW), np.uint32)
         vrs = cuda.local.array((NT2, 4), np.float32)
-        shk = u32(4 * tig)
-        shv = u32(4 * (gid & 3))
-        bsel = gid & 1
-        sel_i8 = u32(bsel | ((4 + bsel) << 4) | ((2 + bsel) << 8) | ((6 + bsel) << 12))
 
-        for p in range(p_begin, p_end):
-            pk = i64(table[0, h, IX(p)])
-            pv = i64(table[1, h, IX(p)])
-            if pk < 0 or pv < 0:
-                continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
-            nval = min(P, L - p * P)
-            for c0 in range(0, nval, CH):
-                last = nval - 1
-                # ---------------- K loads: lane holds the row of token gid of each tile (clamped)
-                for u in range(NT):
-                    row = pk * P + min(c0 + 8 * u + gid, last)
-                    if K4:
-                        for m in range(KW // 4):
-                            a, b, c, d = ldg4(k_words, row * RWK + 4 * m)
-                            kreg[u, 4 * m] = a
-                            kreg[u, 4 * m + 1] = b
-                            kreg[u, 4 * m + 2] = c
-                            kreg[u, 4 * m + 3] = d
-                    elif kf == BF16:
-                        for s in range(NS):
-                            a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
-                            kreg[u, 2 * s] = a
-                            kreg[u, 2 * s + 1] = b
-                    else:
-                        for s in range(NS):
-                            kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
-                    if K4 and XS:  # group scales of token gid (B's column): into B
-                        for w in range(SW):
-                            ksc[u, 0, w] = k_scales[IX(row * SW + w)]
-                    for i in range(2):  # scales of the tokens of this lane's columns
-                        rc = pk * P + min(c0 + 8 * u + 2 * tig + i, last)
-                        if K4 and not XS:
-                            for w in range(SW):
-                                ksc[u, i, w] = k_scales[IX(rc * SW + w)]
-                        elif kf == INT8:
-                            krs[u, i] = k_scales[IX(rc)]
-                # ---------------- K: scores of the chunk
-                for u in range(NT):
-                    s0 = f32(0.0)
-                    s1 = f32(0.0)
-                    c_0 = f32(0.0)
-                    c_1 = f32(0.0)
-                    for s in range(NS):
-                        if K4 and XS:
-                            kw = ksc[u, 0, s >> 2]
-                            bsh = u32(s & 3)
-                            sp = e4m3x2(kw, kw, bsh | (bsh << 4))
-                            if kf == NVFP4:
-                                b0 = mul_f16x2(dec_e2m1(kreg[u, 2 * s], shk), sp)
-                                b1 = mul_f16x2(dec_e2m1(kreg[u, 2 * s + 1], shk), sp)
-                            else:
-                                b0 = mul_f16x2(dec_iso3(kreg[u, 2 * s], shk), sp)
-                                b1 = mul_f16x2(dec_iso3(kreg[u, 2 * s + 1], shk), sp)
-                            c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, b0, b1, c_0, c_1, f32(0.0), f32(0.0))
-                        elif K4:
-                            if kf == NVFP4:
-                                b0 = dec_e2m1(kreg[u, 2 * s], shk)
-                                b1 = dec_e2m1(kreg[u, 2 * s + 1], shk)
-                            else:
-                                b0 = dec_iso3(kreg[u, 2 * s], shk)
-                                b1 = dec_iso3(kreg[u, 2 * s + 1], shk)
-                            r0, r1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, b0, b1, f32(0.0), f32(0.0), f32(0.0), f32(0.0))
-                            sh = 8 * (s & 3)
-                            s0 += r0 * e4k[IX((ksc[u, 0, s >> 2] >> sh) & 0xFF)]
-                            s1 += r1 * e4k[IX((ksc[u, 1, s >> 2] >> sh) & 0xFF)]
-                        elif kf == BF16:
-                            c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, kreg[u, 2 * s], kreg[u, 2 * s + 1],
-                                                     c_0, c_1, f32(0.0), f32(0.0))
-                        else:
-                            w = kreg[u, s]
-                            c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, dec_i8(w, 0x5140), dec_i8(w, 0x7362),
-                                                     c_0, c_1, f32(0.0), f32(0.0))
-                    if kf == BF16:
-                        s0 = c_0
-                        s1 = c_1
-                    elif kf == INT8:
-                        s0 = c_0 * krs[u, 0]
-                        s1 = c_1 * krs[u, 1]
-                    elif XS:
-                        s0 = c_0 * kc
-                        s1 = c_1 * kc
-                    tok = c0 + 8 * u + 2 * tig
-                    sv[u, 0] = s0 if tok < nval else _NEG_INF
-                    sv[u, 1] = s1 if tok + 1 < nval else _NEG_INF
-                # (ptxas schedules these after the K phase's MMAs even when the source issues them
-                # before it: overlapping the load latency needs the next chunk's loads, see docs)
-                load_v(v_words, v_scales, vreg, vsc, vrs, pv, P, c0, last, tig, gid)
-                # ---------------- softmax (row g = gid over its 4 lanes)
-                mx = _NEG_INF
-                for u in range(NT):
-                    mx = max(mx, max(sv[u, 0], sv[u, 1]))
-                mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
-                mx = max(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
-                need = mx > m_run + _LAZY
-                if cuda.any_sync(0xFFFFFFFF, need):  # rare: the running max moves
-                    mnew = mx if need else m_run
-                    alpha = math.exp2(m_run - mnew)
-                    l_run *= alpha
-                    m_run = mnew
-                    aa = cuda.shfl_sync(0xFFFFFFFF, alpha, 8 * tig)  # alpha of row g = 2tig
-                    ab = cuda.shfl_sync(0xFFFFFFFF, alpha, 8 * tig + 4)
-                    for j in range(NS):
-                        acc[j, 0] *= aa
-                        acc[j, 1] *= ab
-                        acc[j, 2] *= aa
-                        acc[j, 3] *= ab
-                for u in range(NT):
-                    for i in range(2):
-                        pr = math.exp2(sv[u, i] - m_run)
-                        l_run += pr
-                        sv[u, i] = pr
-                # ---------------- V: O^T += V^T P^T per 16-token step
-                for v in range(NT2):
-                    p0 = sv[2 * v, 0]  # tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of the step
-                    p1 = sv[2 * v, 1]
-                    p2 = sv[2 * v + 1, 0]
-                    p3 = sv[2 * v + 1, 1]
-                    if vf == INT8:
-                        bb0 = pack_v(p0 * vrs[v, 0], p1 * vrs[v, 1])
-                        bb1 = pack_v(p2 * vrs[v, 2], p3 * vrs[v, 3])
-                    else:
-                        bb0 = pack_v(p0, p1)
-                        bb1 = pack_v(p2, p3)
-                    for j in range(NS):
-                        x0 = vreg[v, 0, j]
-                        x1 = vreg[v, 1, j]
-                        x2 = vreg[v, 2, j]
-                        x3 = vreg[v, 3, j]
-                        if V4 and XS:  # scales of tokens t0 | t1 (a0, a1) and t2 | t3 (a2, a3) into A
-                            w = j >> 2
-                            bsh = u32(j & 3)
-                            sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], bsh | ((bsh + 4) << 4))
-                            sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], bsh | ((bsh + 4) << 4))
-                            z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)
-                            z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)
-                            z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
-                            z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
-                            if vf == NVFP4:
-                                a0 = mul_f16x2(dec_e2m1(z0, 0), sp01)
-                                a1 = mul_f16x2(dec_e2m1(z1, 0), sp01)
-                                a2 = mul_f16x2(dec_e2m1(z2, 0), sp23)
-                                a3 = mul_f16x2(dec_e2m1(z3, 0), sp23)
-                            else:
-                                a0 = mul_f16x2(dec_iso3(z0, 0), sp01)
-                                a1 = mul_f16x2(dec_iso3(z1, 0), sp01)
-                                a2 = mul_f16x2(dec_iso3(z2, 0), sp23)
-                                a3 = mul_f16x2(dec_iso3(z3, 0), sp23)
-                        elif V4:
-                            sh = 8 * (j & 3)
-                            w = j >> 2
-                            bb0 = pack_v(p0 * e4v[IX((vsc[v, 0, w] >> sh) & 0xFF)], p1 * e4v[IX((vsc[v, 1, w] >> sh) & 0xFF)])
-                            bb1 = pack_v(p2 * e4v[IX((vsc[v, 2, w] >> sh) & 0xFF)], p3 * e4v[IX((vsc[v, 3, w] >> sh) & 0xFF)])
-                            z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)  # nibble (gid&3) of t0 | t1
-                            z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)  # nibble (gid&3)+4
-                            z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
-                            z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
-                            if vf == NVFP4:
-                                a0 = dec_e2m1(z0, 0)
-                                a1 = dec_e2m1(z1, 0)
-                                a2 = dec_e2m1(z2, 0)
-                                a3 = dec_e2m1(z3, 0)
-                            else:
-                                a0 = dec_iso3(z0, 0)
-                                a1 = dec_iso3(z1, 0)
-                                a2 = dec_iso3(z2, 0)
-                                a3 = dec_iso3(z3, 0)
-                        elif vf == BF16:
-                            a0 = prmt(x0, x1, 0x5410)
-                            a1 = prmt(x0, x1, 0x7632)
-                            a2 = prmt(x2, x3, 0x5410)
-                            a3 = prmt(x2, x3, 0x7632)
-                        else:
-                            z01 = prmt(x0, x1, sel_i8)
-                            z23 = prmt(x2, x3, sel_i8)
-                            a0 = dec_i8(z01, 0x5140)
-                            a1 = dec_i8(z01, 0x7362)
-                            a2 = dec_i8(z23, 0x5140)
-                            a3 = dec_i8(z23, 0x7362)
-                        r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, bb0, bb1, acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3])
-                        acc[j, 0] = r0
-                        acc[j, 1] = r1
-                        acc[j, 2] = r2
-                        acc[j, 3] = r3
+        if S == 0:
+            for p in range(p_begin, p_end):
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                if pk < 0 or pv < 0:
+                    continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
+                nval = min(P, L - p * P)
+                for c0 in range(0, nval, CH):
+                    load_k_global(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
+                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, RWV, c0, nval - 1, tig, gid)
+                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+        else:
+            if SIMULATED:  # (no alignment there; Numba prunes the branch on the GPU)
+                skc = cuda.shared.array(NKC, np.uint32)
+                svc = cuda.shared.array(NVC, np.uint32)
+            else:  # 16-byte copies need 16-byte aligned rows
+                skc = cuda.shared.array(NKC, np.uint32, alignment=16)  # [warp, stage, chunk row, RKP]
+                svc = cuda.shared.array(NVC, np.uint32, alignment=16)
+            sks = cuda.shared.array(NKS, KST)  # [warp, stage, chunk row, SWK]
+            svs = cuda.shared.array(NVS, VST)
+            ring0 = warp * S * CH  # this warp's first staged row
+            # producer cursor (pp, pc): the next chunk to stage; it runs S - 1 chunks ahead of
+            # the consumer (cp, cc). Both walk the pages' chunks in the same order.
+            pp = p_begin
+            pc = 0
+            for it in range(S - 1):
+                n = 0
+                pk = i64(-1)
+                pv = i64(-1)
+                if pp < p_end:
+                    pk = i64(table[0, h, IX(pp)])
+                    pv = i64(table[1, h, IX(pp)])
+                    if pk >= 0 and pv >= 0:
+                        n = min(CH, min(P, L - pp * P) - pc)
+                stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, pc, P,
+                      ring0 + it * CH, lane)
+                if pp < p_end:
+                    pc += CH
+                    if pc >= min(P, L - pp * P):
+                        pp += 1
+                        pc = 0
+            cp_ = p_begin
+            cc = 0
+            it = 0
+            while cp_ < p_end:
+                n = 0
+                pk = i64(-1)
+                pv = i64(-1)
+                if pp < p_end:
+                    pk = i64(table[0, h, IX(pp)])
+                    pv = i64(table[1, h, IX(pp)])
+                    if pk >= 0 and pv >= 0:
+                        n = min(CH, min(P, L - pp * P) - pc)
+                stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, pc, P,
+                      ring0 + ((it + S - 1) % S) * CH, lane)
+                if pp < p_end:
+                    pc += CH
+                    if pc >= min(P, L - pp * P):
+                        pp += 1
+                        pc = 0
+                wait_ring()  # this lane's copies of chunk `it` landed ...
+                cuda.syncwarp()  # ... and every lane's
+                nval = min(P, L - cp_ * P)
+                if table[0, h, IX(cp_)] >= 0 and table[1, h, IX(cp_)] >= 0:
+                    sb = ring0 + (it % S) * CH - cc  # staged row of the page's row r: sb + r
+                    load_k(skc, sks, kreg, ksc, krs, sb, RKP, cc, nval - 1, tig, gid)
+                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, cc, nval, tig)
+                    load_v(svc, svs, vreg, vsc, vrs, sb, RVP, cc, nval - 1, tig, gid)
+                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                cuda.syncwarp()  # the slot is restaged by the next iteration
+                cc += CH
+                if cc >= nval:
+                    cp_ += 1
+                    cc = 0
+                it += 1
+            wait_all()  # no copy outlives the kernel
 
         # ---------------- the warp's partial
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
-        if V4 and XS:
+        if V4:
             vc = f32(1.0) / gscale[1, h]
-        elif V4:
-            vc = f32(1.0 / VSC) / gscale[1, h]
         for j in range(NS):
             if V4:
                 dr = 16 * j + 8 * (gid >> 2) + (gid & 3)
@@ -401,8 +490,8 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = False, exact: bool = False):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(exact))
+               u64: bool = True, stages: int = -1):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), int(stages))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -424,10 +513,11 @@ def _ptx_signatures():
             (get_kernel(NVFP4, NVFP4, 6, 256), kernel_sig(NVFP4, NVFP4)),
             (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
-            (get_kernel(INT8, NVFP4, 4, 128, u64=True), kernel_sig(INT8, NVFP4)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, u64=True, exact=True), kernel_sig(NVFP4, NVFP4)),
-            (get_kernel(ISO3, INT8, 2, 64, True, u64=True, exact=True), kernel_sig(ISO3, INT8, True)),
-            (get_kernel(BF16, ISO3, 6, 256, u64=True, exact=True), kernel_sig(BF16, ISO3))]
+            (get_kernel(INT8, NVFP4, 4, 128, u64=False), kernel_sig(INT8, NVFP4)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, stages=0), kernel_sig(NVFP4, NVFP4)),
+            (get_kernel(ISO3, INT8, 2, 64, True, stages=2), kernel_sig(ISO3, INT8, True)),
+            (get_kernel(BF16, ISO3, 6, 256, stages=2), kernel_sig(BF16, ISO3)),
+            (get_kernel(BF16, BF16, 4, 64, stages=2), kernel_sig(BF16, BF16))]
     return out
 
 
