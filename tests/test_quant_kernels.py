@@ -385,20 +385,19 @@ def _requant_check(fmt, T, H, D, P, seed):
         assert bits(np.float32(og[i])) == bits(np.float32(g2))
 
 
-@pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="patches a constant the GPU compiles in")
-@pytest.mark.parametrize("fmt", [Q.NVFP4, Q.C4G64])
-def test_requant_cuda_recomputes_group_max_past_keep(fmt, monkeypatch):
-    """Requant from a 4-bit source keeps _RQ_KEEP group maxima per lane from pass 1 and recomputes
-    the rest in pass 2; with _RQ_KEEP = 1 (simulator: globals are read at run time) an 8 x 512
-    page (64 groups, 2 per lane) needs the recompute path."""
-    monkeypatch.setattr(Q, "_RQ_KEEP", 1)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_requant_cuda_rereads_units_past_block(fmt, monkeypatch):
+    """Requant runs a thread per 64-value unit, at most _RQ_MAX_THREADS per block; the units past
+    it are read again in pass 2. With the cap at 32 (a host-side constant of the launcher) an
+    8 x 512 page (64 units, 2 per thread) takes that path."""
+    monkeypatch.setattr(Q, "_RQ_MAX_THREADS", 32)
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gpu_requant_large_pages(fmt):
-    """Pages of 256 x 256 values: 32 output groups per lane, more than requant keeps (_RQ_KEEP)."""
+    """Pages of 256 x 256 values: 1024 units, 2 per thread of a 512-thread block."""
     _requant_check(fmt, T=512, H=2, D=256, P=256, seed=4)
 
 

@@ -433,7 +433,8 @@ _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
 _DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
-_RQ_KEEP = 16  # requant: group maxima a lane keeps from pass 1 (P * D <= 32768 for all)
+_APPEND_RT = ()  # formats whose launch_append runs append_cuda_rt (none: the per-format kernel won)
+_RQ_MAX_THREADS = 512  # requant: block size cap (a thread per 64-value unit; more units re-read)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
 # last axis (numba emits one scalar access per element otherwise). The launchers check that the
@@ -508,6 +509,10 @@ if config.ENABLE_CUDASIM:
         f = a.reshape(-1)
         for m, v in enumerate(vals):
             f[off + m] = v
+
+    def _ldw(a, off):
+        f = a.reshape(-1)
+        return np.uint32(int(f[off]) | (int(f[off + 1]) << 8) | (int(f[off + 2]) << 16) | (int(f[off + 3]) << 24))
 else:
     def _flat_ptr(context, builder, aryty, ary, offty, off):
         arr = context.make_array(aryty)(context, builder, value=ary)
@@ -544,6 +549,15 @@ else:
                                              ir.Constant(ir.IntType(32), m))
             builder.store(vec, vp, align=4 * aty.dtype.bitwidth // 8)
         return types.void(a, off, vals), codegen
+
+    @intrinsic
+    def _ldw(typingctx, a, off):
+        """uint32 of the 4 bytes at flat offset off (a multiple of 4) of a 1-byte array."""
+        def codegen(context, builder, sig, args):
+            p = builder.bitcast(_flat_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1]),
+                                ir.IntType(32).as_pointer())
+            return builder.load(p, align=4)
+        return types.uint32(a, off), codegen
 
 
 @register_jitable
@@ -724,19 +738,35 @@ def _make_append(F):
         nseg = (T * H * D) >> 4
         gl = (D >> 4) if F == INT8 else GL_FIXED
         v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
+        nv = cuda.local.array(16, np.float32)  # the next unit's values, loaded one iteration ahead
         c32 = codes.view(np.uint32)
         gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
         nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-        for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
+        stride = nw * 32
+        sn = gw * 32 + lane
+        if sn < nseg:
+            rn = sn >> (ld - 4)
+            tn, hn = _divmod(rn, H, lh)
+            cn = (sn << 4) & (D - 1)
+            for k in range(4):
+                nv[4 * k], nv[4 * k + 1], nv[4 * k + 2], nv[4 * k + 3] = _ld4(x, (tn, hn, cn + 4 * k))
+        for base in range(gw * 32, nseg, stride):  # warp-uniform trip count: every lane shuffles
             s = base + lane
             live = s < nseg
             row = s >> (ld - 4)
             c = (s << 4) & (D - 1)
             t, h = _divmod(row, H, lh)
+            for k in range(16):
+                v[k] = nv[k]
+            sn = s + stride
+            if sn < nseg:  # in flight while this unit is encoded
+                rn = sn >> (ld - 4)
+                tn, hn = _divmod(rn, H, lh)
+                cn = (sn << 4) & (D - 1)
+                for k in range(4):
+                    nv[4 * k], nv[4 * k + 1], nv[4 * k + 2], nv[4 * k + 3] = _ld4(x, (tn, hn, cn + 4 * k))
             m = 0
             if live:
-                for k in range(4):
-                    v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
                 for k in range(16):
                     m = max(m, _absbits(v[k]))
             if F >= 1:
@@ -1116,221 +1146,326 @@ def _rq_encode(lo, hi, w, d, r):
     return _lut_word(lo, hi, x) ^ (x & 0x88888888) ^ neg
 
 
+# Source words of 64-value unit u of a page (flat code-word base wb), zeros past the page (nu
+# units): (words, scale word, int8 row scale). bf16 32 words, int8 16 words + the fp32 scale of
+# its row, 4-bit 8 words + its scale byte(s) (c4g64 one, nvfp4/iso3 the 4 of its quarters as one
+# word). Issued together: a thread has its whole unit in flight at once. One function per source
+# width (numba types each function's return once).
 @cuda.jit(device=True)
-def _rq_raw4(fmt, c32, scales, wb, sb0, u, ng):
-    """4-bit source, 64-value unit u of a page (flat word base wb, scale base sb0): (8 code words,
-    the scale bytes of its four 16-value quarters; the same byte 4 times for c4g64); zeros past
-    the page."""
-    z = np.uint32(0)
-    if u >= ng:
-        return (z, z, z, z, z, z, z, z), (np.int64(0), np.int64(0), np.int64(0), np.int64(0))
-    w = _ldf4(c32, wb + 8 * u) + _ldf4(c32, wb + 8 * u + 4)
-    if fmt == 4:
-        sb = np.int64(_ldf(scales, sb0 + u))
-        return w, (sb, sb, sb, sb)
-    q = sb0 + 4 * u
-    return w, (np.int64(_ldf(scales, q)), np.int64(_ldf(scales, q + 1)),
-               np.int64(_ldf(scales, q + 2)), np.int64(_ldf(scales, q + 3)))
-
-
-@cuda.jit(device=True)
-def _rq_steps(fmt, sbt, g):
-    """Steps s / g of the four quarters (one division for c4g64: one source group)."""
-    d0 = e4m3_dec(sbt[0]) / g
-    if fmt == 4:
-        return d0, d0, d0, d0
-    return d0, e4m3_dec(sbt[1]) / g, e4m3_dec(sbt[2]) / g, e4m3_dec(sbt[3]) / g
-
-
-@cuda.jit(device=True)
-def _rq_raw16(fmt, c32, sf, wb, r0, u, nu, ld):
-    """bf16 / int8 source, 16-value unit u of a page (flat word base wb, row base r0): (8 code
-    words (int8: 4 and zeros), int8 row scale); zeros past the page."""
+def _rq_load_bf16(c32, scales, wb, sb0, r0, u, nu, ld):
     z = np.uint32(0)
     if u >= nu:
-        return (z, z, z, z, z, z, z, z), np.float32(0.0)
-    if fmt == 0:
-        return _ldf4(c32, wb + 8 * u) + _ldf4(c32, wb + 8 * u + 4), np.float32(0.0)
-    return _ldf4(c32, wb + 4 * u) + (z, z, z, z), np.float32(_ldf(sf, r0 + ((16 * u) >> ld)))
+        z8 = (z, z, z, z, z, z, z, z)
+        return z8 + z8 + z8 + z8, z, np.float32(0.0)
+    b = wb + 32 * u
+    return (_ldf4(c32, b) + _ldf4(c32, b + 4) + _ldf4(c32, b + 8) + _ldf4(c32, b + 12)
+            + _ldf4(c32, b + 16) + _ldf4(c32, b + 20) + _ldf4(c32, b + 24) + _ldf4(c32, b + 28)), z, np.float32(0.0)
 
 
 @cuda.jit(device=True)
-def _rq_val(fmt, w, i, s):
-    """bf16 / int8 source: value i (0..15) of a unit whose raw code words are w (8 uint32; int8
-    uses 4), row scale s (int8). NaN bits are not canonical (callers only compare or encode
-    values of groups without NaN)."""
-    if fmt == 0:
-        x = _u32(w[i >> 1])
-        return bits_f32((x << np.uint32(16)) if (i & 1) == 0 else (x & np.uint32(0xFFFF0000)))
-    return _int8_code_f32(_u32(w[i >> 2]) >> np.uint32(8 * (i & 3))) * s
+def _rq_load_int8(c32, scales, wb, sb0, r0, u, nu, ld):
+    z = np.uint32(0)
+    if u >= nu:
+        return (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z), z, np.float32(0.0)
+    b = wb + 16 * u
+    return ((_ldf4(c32, b) + _ldf4(c32, b + 4) + _ldf4(c32, b + 8) + _ldf4(c32, b + 12)), z,
+            np.float32(_ldf(scales, r0 + ((64 * u) >> ld))))
 
 
 @cuda.jit(device=True)
-def _rq_amax16(fmt, w, s, amax):
-    """Pass 1, bf16 / int8 source: the page's finite amax over one 16-value unit. bf16: an integer
-    max of |bits| (order-preserving), one test for non-finite values; int8: max |code| times the
-    row scale (rounding is monotonic). Falls back to value by value when a maximum is not finite."""
-    if fmt == 0:
-        m = np.uint32(0)
-        for i in range(8):
-            x = _u32(w[i]) & np.uint32(0x7FFF7FFF)
-            m = max(m, max(x & np.uint32(0xFFFF), x >> np.uint32(16)))
-        if m < np.uint32(0x7F80):
-            return max(amax, bits_f32(m << np.uint32(16)))
-    else:
-        m = np.uint32(0)
-        for i in range(4):
-            x = _u32(w[i])
-            for k in range(4):
-                b = (x >> np.uint32(8 * k)) & np.uint32(0xFF)
-                m = max(m, (np.uint32(256) - b) if b >= np.uint32(128) else b)
-        a = abs(_int8_code_f32(m) * s)  # |code| <= 128 is exact
-        if a <= F32_MAX:
-            return max(amax, a)
+def _rq_load_g16(c32, scales, wb, sb0, r0, u, nu, ld):
+    z = np.uint32(0)
+    if u >= nu:
+        return (z, z, z, z, z, z, z, z), z, np.float32(0.0)
+    b = wb + 8 * u
+    return _ldf4(c32, b) + _ldf4(c32, b + 4), _ldw(scales, sb0 + 4 * u), np.float32(0.0)
+
+
+@cuda.jit(device=True)
+def _rq_load_g64(c32, scales, wb, sb0, r0, u, nu, ld):
+    z = np.uint32(0)
+    if u >= nu:
+        return (z, z, z, z, z, z, z, z), z, np.float32(0.0)
+    b = wb + 8 * u
+    return _ldf4(c32, b) + _ldf4(c32, b + 4), np.uint32(_ldf(scales, sb0 + u)), np.float32(0.0)
+
+
+_RQ_LOAD = {BF16: _rq_load_bf16, INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3: _rq_load_g16,
+            C4G64: _rq_load_g64}
+
+
+@cuda.jit(device=True)
+def _rq_step(F, stp, par, sw, q, g):
+    """4-bit source: step s / g of quarter q (scale byte q of sw; c4g64: the unit's one byte).
+    nvfp4/iso3 look it up in the page's table of the 128 positive steps (IEEE division is odd in
+    its numerator: a negative byte's step is the negated entry); c4g64 divides once per unit."""
+    if F == C4G64:
+        return e4m3_dec(np.int64(sw)) / g
+    b = (_u32(sw) >> np.uint32(8 * q)) & np.uint32(0xFF)
+    d = stp[par, b & np.uint32(0x7F)]
+    return -d if b >= np.uint32(0x80) else d
+
+
+@cuda.jit(device=True)
+def _i8f(xb, k):
+    """int8 code k (0..3) of a word whose bytes were XORed with 0x80 (biased codes), as float32:
+    one PRMT moves the byte under 0x4B000000 (2^23 + 128 + code), one exact subtraction."""
+    return bits_f32(_u32(_prmt(xb, 0x4B000000, 0x7440 | k))) - np.float32(8388736.0)
+
+
+@cuda.jit(device=True)
+def _bf16_m4(a, b, c, d, mh, ml):
+    """Running maxima of |bits| of the high and low bf16 halves of 4 words."""
+    m = np.uint32(0x7FFF0000)
+    n = np.uint32(0x7FFF)
+    mh = max(max(mh, _u32(a) & m), max(_u32(b) & m, max(_u32(c) & m, _u32(d) & m)))
+    ml = max(max(ml, _u32(a) & n), max(_u32(b) & n, max(_u32(c) & n, _u32(d) & n)))
+    return mh, ml
+
+
+@cuda.jit(device=True)
+def _i8_m4(a, b, c, d, mc):
+    """Running max |code| (as float32) of the 16 int8 codes of 4 words."""
+    for x in (a, b, c, d):
+        xb = _u32(x) ^ np.uint32(0x80808080)
+        mc = max(mc, max(max(abs(_i8f(xb, 0)), abs(_i8f(xb, 1))), max(abs(_i8f(xb, 2)), abs(_i8f(xb, 3)))))
+    return mc
+
+
+@cuda.jit(device=True)
+def _rq_max_bf16(F, w, sw, s, stp, par, g, c32, b):
+    """Pass 1 of one 64-value unit (its words w, at flat word offset b): (group max, inf when the
+    group holds a non-finite value; the unit's finite max). Monotonic shortcuts: bf16 an integer
+    max of |bits|, int8 max |code| times the row scale, 4-bit the largest code magnitude per
+    quarter times its step; when such a max is not finite the values are read again from memory
+    and taken one by one (rare)."""
+    amax = np.float32(0.0)
+    mh, ml = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0), np.uint32(0))
+    mh, ml = _bf16_m4(w[4], w[5], w[6], w[7], mh, ml)
+    mh, ml = _bf16_m4(w[8], w[9], w[10], w[11], mh, ml)
+    mh, ml = _bf16_m4(w[12], w[13], w[14], w[15], mh, ml)
+    mh, ml = _bf16_m4(w[16], w[17], w[18], w[19], mh, ml)
+    mh, ml = _bf16_m4(w[20], w[21], w[22], w[23], mh, ml)
+    mh, ml = _bf16_m4(w[24], w[25], w[26], w[27], mh, ml)
+    mh, ml = _bf16_m4(w[28], w[29], w[30], w[31], mh, ml)
+    m = max(mh >> np.uint32(16), ml)
+    if m < np.uint32(0x7F80):
+        gm = bits_f32(m << np.uint32(16))
+        return gm, gm
+    for i in range(32):
+        x = _u32(_ldf(c32, b + i))
+        for a in (abs(bits_f32(x << np.uint32(16))), abs(bits_f32(x & np.uint32(0xFFFF0000)))):
+            if a <= F32_MAX and a > amax:
+                amax = a
+    return np.float32(np.inf), amax
+
+
+@cuda.jit(device=True)
+def _rq_max_int8(F, w, sw, s, stp, par, g, c32, b):
+    amax = np.float32(0.0)
+    mc = _i8_m4(w[0], w[1], w[2], w[3], np.float32(0.0))
+    mc = _i8_m4(w[4], w[5], w[6], w[7], mc)
+    mc = _i8_m4(w[8], w[9], w[10], w[11], mc)
+    mc = _i8_m4(w[12], w[13], w[14], w[15], mc)
+    gm = abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
+    if gm <= F32_MAX:
+        return gm, gm
     for i in range(16):
-        a = abs(_rq_val(fmt, w, i, s))
-        if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
-            amax = a
-    return amax
+        xb = _u32(_ldf(c32, b + i)) ^ np.uint32(0x80808080)
+        for k in range(4):
+            a = abs(_i8f(xb, k) * s)
+            if a <= F32_MAX and a > amax:
+                amax = a
+    return np.float32(np.inf), amax
+
+
+@cuda.jit(device=True)
+def _rq_max_4bit(F, w, sw, s, stp, par, g, c32, b):
+    amax = np.float32(0.0)
+    gm, amax = _rq_pass1(F, w[0], w[1], _rq_step(F, stp, par, sw, 0, g), np.float32(0.0), amax)
+    gm, amax = _rq_pass1(F, w[2], w[3], _rq_step(F, stp, par, sw, 1, g), gm, amax)
+    gm, amax = _rq_pass1(F, w[4], w[5], _rq_step(F, stp, par, sw, 2, g), gm, amax)
+    gm, amax = _rq_pass1(F, w[6], w[7], _rq_step(F, stp, par, sw, 3, g), gm, amax)
+    return gm, amax
+
+
+
+
+@cuda.jit(device=True)
+def _bf16_enc4(a, b, c, d, r):
+    """Output code word of 8 bf16 values (4 source words) times r."""
+    acc = np.uint32(0)
+    sh = np.uint32(0)
+    for x in (a, b, c, d):
+        x = _u32(x)
+        acc |= np.uint32(e2m1_enc_bits(bits_f32(x << np.uint32(16)) * r)) << sh
+        acc |= np.uint32(e2m1_enc_bits(bits_f32(x & np.uint32(0xFFFF0000)) * r)) << (sh + np.uint32(4))
+        sh += np.uint32(8)
+    return acc
+
+
+@cuda.jit(device=True)
+def _i8_enc2(a, b, s, r):
+    """Output code word of 8 int8 values (2 source words), row scale s, times r."""
+    xa = _u32(a) ^ np.uint32(0x80808080)
+    xb = _u32(b) ^ np.uint32(0x80808080)
+    acc = np.uint32(0)
+    for k in range(4):
+        acc |= np.uint32(e2m1_enc_bits((_i8f(xa, k) * s) * r)) << np.uint32(4 * k)
+        acc |= np.uint32(e2m1_enc_bits((_i8f(xb, k) * s) * r)) << np.uint32(4 * k + 16)
+    return acc
+
+
+@cuda.jit(device=True)
+def _rq_emit_bf16(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+    """Pass 2 of one 64-value unit: its E4M3 scale from the group max gm, then its 32 code bytes
+    (bf16: output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
+    sb = group_scale(4, gm, g2)
+    r = group_mult(sb, g2)
+    out_scales[j, srow, scol] = sb
+    if sb == E4M3_NAN:
+        _stf4(o32, ob, (0, 0, 0, 0))
+        _stf4(o32, ob + 4, (0, 0, 0, 0))
+        return
+    _stf4(o32, ob, (_bf16_enc4(w[0], w[1], w[2], w[3], r), _bf16_enc4(w[4], w[5], w[6], w[7], r),
+                    _bf16_enc4(w[8], w[9], w[10], w[11], r), _bf16_enc4(w[12], w[13], w[14], w[15], r)))
+    _stf4(o32, ob + 4, (_bf16_enc4(w[16], w[17], w[18], w[19], r), _bf16_enc4(w[20], w[21], w[22], w[23], r),
+                        _bf16_enc4(w[24], w[25], w[26], w[27], r), _bf16_enc4(w[28], w[29], w[30], w[31], r)))
+    return
+
+
+@cuda.jit(device=True)
+def _rq_emit_int8(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+    """As _rq_emit_bf16; int8: output word k from source words 2k, 2k+1."""
+    sb = group_scale(4, gm, g2)
+    r = group_mult(sb, g2)
+    out_scales[j, srow, scol] = sb
+    if sb == E4M3_NAN:
+        _stf4(o32, ob, (0, 0, 0, 0))
+        _stf4(o32, ob + 4, (0, 0, 0, 0))
+        return
+    _stf4(o32, ob, (_i8_enc2(w[0], w[1], s, r), _i8_enc2(w[2], w[3], s, r),
+                    _i8_enc2(w[4], w[5], s, r), _i8_enc2(w[6], w[7], s, r)))
+    _stf4(o32, ob + 4, (_i8_enc2(w[8], w[9], s, r), _i8_enc2(w[10], w[11], s, r),
+                        _i8_enc2(w[12], w[13], s, r), _i8_enc2(w[14], w[15], s, r)))
+    return
+
+
+@cuda.jit(device=True)
+def _rq_emit_4bit(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+    """As _rq_emit_bf16; 4-bit sources by code tables."""
+    sb = group_scale(4, gm, g2)
+    r = group_mult(sb, g2)
+    out_scales[j, srow, scol] = sb
+    if sb == E4M3_NAN:
+        _stf4(o32, ob, (0, 0, 0, 0))
+        _stf4(o32, ob + 4, (0, 0, 0, 0))
+        return
+    d0 = _rq_step(F, stp, par, sw, 0, g)
+    lo, hi = _rq_table(F, d0, r)
+    o0, o1 = _rq_encode(lo, hi, w[0], d0, r), _rq_encode(lo, hi, w[1], d0, r)
+    if F == C4G64:  # one source group: one step, one table
+        o2, o3 = _rq_encode(lo, hi, w[2], d0, r), _rq_encode(lo, hi, w[3], d0, r)
+        o4, o5 = _rq_encode(lo, hi, w[4], d0, r), _rq_encode(lo, hi, w[5], d0, r)
+        o6, o7 = _rq_encode(lo, hi, w[6], d0, r), _rq_encode(lo, hi, w[7], d0, r)
+    else:  # nvfp4 / iso3: a table per 16-value source group
+        d1 = _rq_step(F, stp, par, sw, 1, g)
+        lo, hi = _rq_table(F, d1, r)
+        o2, o3 = _rq_encode(lo, hi, w[2], d1, r), _rq_encode(lo, hi, w[3], d1, r)
+        d2 = _rq_step(F, stp, par, sw, 2, g)
+        lo, hi = _rq_table(F, d2, r)
+        o4, o5 = _rq_encode(lo, hi, w[4], d2, r), _rq_encode(lo, hi, w[5], d2, r)
+        d3 = _rq_step(F, stp, par, sw, 3, g)
+        lo, hi = _rq_table(F, d3, r)
+        o6, o7 = _rq_encode(lo, hi, w[6], d3, r), _rq_encode(lo, hi, w[7], d3, r)
+    _stf4(o32, ob, (o0, o1, o2, o3))
+    _stf4(o32, ob + 4, (o4, o5, o6, o7))
 
 
 def _make_requant(F):
     """Requantize-to-c4g64 kernel for source format F: page pages[j] (global gsrc[j]) -> out_*[j];
-    a warp per page.
+    a block per page (blockDim: one thread per 64-value unit, launch_requant_c4g64).
 
-    Two passes over the page: pass 1 takes its finite amax -> out_g[j]; pass 2 reads the page
-    again (L1/L2 hits) and encodes. Both passes load the next unit's words before working on the
-    current one.
-    4-bit sources: a lane owns whole output 64-groups (8 source words, 32 B): no shuffles. A
-    quarter's max is _rq_pass1 (one decode of the largest magnitude), falling back to all 16
-    values when that is not finite; pass 1 keeps the group max for pass 2 (_RQ_KEEP groups per
-    lane). A source group shares its step d and an output group its multiplier r, so the output
-    code is a function of the source code magnitude: an 8-byte table (m -> E2M1 magnitude of
-    dec(m) * d * r), built once per source group (1 per output group from c4g64, 4 from
-    nvfp4/iso3) and looked up 4 codes at a time with PRMT. The sign is sign(source code) ^
-    sign(d) ^ sign(r), as IEEE products have it.
-    bf16/int8 sources: a lane owns 16 values (32 or 16 B), 4 lanes an output group (2 shuffles);
-    values are decoded once into registers, encoded per value.
+    A thread owns output 64-group u = threadIdx.x (and u + blockDim.x ... on pages of more than
+    _RQ_MAX_THREADS units, re-read in pass 2). It loads its whole unit at once (bf16 128 B, int8
+    64 B, 4-bit 32 B) and keeps it in registers: pass 1 takes the group max and the finite page
+    amax (warp shfl_xor, then the warps' maxima through shared memory and one barrier), pass 2
+    encodes from the registers. No shuffles inside a group: a thread holds all of it.
+    4-bit sources: nvfp4/iso3 steps s / g come from a per-page shared table of the 128 positive
+    E4M3 steps (a division per thread per page instead of 4 per unit). The output code is a
+    function of the source code magnitude within a (source group, output group) pair: an 8-byte
+    table (m -> E2M1 magnitude of dec(m) * d * r) built per source group and looked up 4 codes at
+    a time with PRMT (_rq_table / _rq_encode). bf16/int8: values encoded one by one.
+    Shared arrays are double-buffered by page parity: one barrier per page (two for nvfp4/iso3).
     """
+    load = _RQ_LOAD[F]
+    umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
+    emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
+
     @cuda.jit
     def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
         P = codes.shape[1]
         D = out_codes.shape[2] * 2
-        lane = cuda.threadIdx.x & 31
+        tid = cuda.threadIdx.x
+        nt = cuda.blockDim.x
+        lane = tid & 31
+        wid = tid >> 5
+        nwarp = (nt + 31) >> 5
         ld = _log2(D)
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
-        keep = cuda.local.array(_RQ_KEEP, np.float32)  # per-lane group maxima of pass 1 (local memory)
-        v = cuda.local.array(16, np.float32)  # bf16/int8: a unit's values (registers after unrolling)
-        gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-        nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
+        red = cuda.shared.array((2, 32), np.float32)  # per-warp maxima
+        stp = cuda.shared.array((2, 128), np.float32)  # nvfp4/iso3: steps of the 128 positive bytes
         pd = P * D
-        ng = pd >> 6  # 64-groups in a page
-        nu = pd >> 4  # 16-value units
-        wpp = (pd * codes.itemsize) >> (3 if F >= 2 else 2)  # uint32 code words per page
-        for j in range(gw, pages.shape[0], nw):
+        nu = pd >> 6  # 64-value units (output groups) of a page
+        wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
+        spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
+        scol_m = (D >> 6) - 1
+        par = 0
+        for j in range(cuda.blockIdx.x, pages.shape[0], cuda.gridDim.x):
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
             wb = page * wpp
+            sb0 = page * spp
+            r0 = page * P
+            w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
+            if F == NVFP4 or F == ISO3:
+                if tid < 128:
+                    stp[par, tid] = e4m3_dec(np.int64(tid)) / g
+                if nt < 128:
+                    for b in range(tid + nt, 128, nt):
+                        stp[par, b] = e4m3_dec(np.int64(b)) / g
+                cuda.syncthreads()
+            gm = np.float32(0.0)
             amax = np.float32(0.0)
-            # ------------------------------------------------------------------ pass 1: page amax
-            if F >= 2:
-                sb0 = page * (pd >> (6 if F == 4 else 4))
-                u = lane
-                nxt = _rq_raw4(F, c32, scales, wb, sb0, u, ng)
-                while u < ng:
-                    w, sbt = nxt
-                    nxt = _rq_raw4(F, c32, scales, wb, sb0, u + 32, ng)  # in flight during this unit
-                    d = _rq_steps(F, sbt, g)
-                    gm, amax = _rq_pass1(F, w[0], w[1], d[0], np.float32(0.0), amax)
-                    gm, amax = _rq_pass1(F, w[2], w[3], d[1], gm, amax)
-                    gm, amax = _rq_pass1(F, w[4], w[5], d[2], gm, amax)
-                    gm, amax = _rq_pass1(F, w[6], w[7], d[3], gm, amax)
-                    i = u >> 5
-                    if i < _RQ_KEEP:
-                        keep[i] = gm
-                    u += 32
-            else:
-                r0 = page * P
-                u = lane
-                nxt16 = _rq_raw16(F, c32, scales, wb, r0, u, nu, ld)
-                while u < nu:
-                    w16, s = nxt16
-                    nxt16 = _rq_raw16(F, c32, scales, wb, r0, u + 32, nu, ld)
-                    amax = _rq_amax16(F, w16, s, amax)
-                    u += 32
+            if tid < nu:
+                gm, amax = umax(F, w, sw, s, stp, par, g, c32, wb + (wpp // nu) * tid)
+            for u in range(tid + nt, nu, nt):  # pages of more units than threads
+                w2, sw2, s2 = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                _, a2 = umax(F, w2, sw2, s2, stp, par, g, c32, wb + (wpp // nu) * u)
+                amax = max(amax, a2)
             for sh in (16, 8, 4, 2, 1):
                 amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
-            g2 = global_scale_for(amax)
             if lane == 0:
+                red[par, wid] = amax
+            cuda.syncthreads()
+            for k in range(nwarp):
+                amax = max(amax, red[par, k])
+            g2 = global_scale_for(amax)
+            if tid == 0:
                 out_g[j] = g2
-            # ------------------------------------------------------------------ pass 2: encode
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
-            osb = np.int64(j) * ng
-            if F >= 2:
-                u = lane
-                nxt = _rq_raw4(F, c32, scales, wb, sb0, u, ng)
-                while u < ng:
-                    w, sbt = nxt
-                    nxt = _rq_raw4(F, c32, scales, wb, sb0, u + 32, ng)
-                    d = _rq_steps(F, sbt, g)
-                    i = u >> 5
-                    if i < _RQ_KEEP:
-                        gm = keep[i]
-                    else:
-                        gm, _ = _rq_pass1(F, w[0], w[1], d[0], np.float32(0.0), np.float32(0.0))
-                        gm, _ = _rq_pass1(F, w[2], w[3], d[1], gm, np.float32(0.0))
-                        gm, _ = _rq_pass1(F, w[4], w[5], d[2], gm, np.float32(0.0))
-                        gm, _ = _rq_pass1(F, w[6], w[7], d[3], gm, np.float32(0.0))
-                    sb = group_scale(4, gm, g2)
-                    r = group_mult(sb, g2)
-                    if sb == E4M3_NAN:
-                        _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
-                        _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
-                    else:
-                        lo, hi = _rq_table(F, d[0], r)
-                        o0, o1 = _rq_encode(lo, hi, w[0], d[0], r), _rq_encode(lo, hi, w[1], d[0], r)
-                        if F != 4:  # nvfp4 / iso3: a table per 16-value source group
-                            lo, hi = _rq_table(F, d[1], r)
-                        o2, o3 = _rq_encode(lo, hi, w[2], d[1], r), _rq_encode(lo, hi, w[3], d[1], r)
-                        if F != 4:
-                            lo, hi = _rq_table(F, d[2], r)
-                        o4, o5 = _rq_encode(lo, hi, w[4], d[2], r), _rq_encode(lo, hi, w[5], d[2], r)
-                        if F != 4:
-                            lo, hi = _rq_table(F, d[3], r)
-                        o6, o7 = _rq_encode(lo, hi, w[6], d[3], r), _rq_encode(lo, hi, w[7], d[3], r)
-                        _stf4(o32, ob + 8 * u, (o0, o1, o2, o3))
-                        _stf4(o32, ob + 8 * u + 4, (o4, o5, o6, o7))
-                    out_scales[j, u >> (ld - 6), u & ((D >> 6) - 1)] = sb
-                    u += 32
-            else:
-                base = 0
-                nxt16 = _rq_raw16(F, c32, scales, wb, r0, lane, nu, ld)
-                while base < nu:  # warp-uniform trip count: every lane shuffles
-                    u = base + lane
-                    live = u < nu  # P * D is a multiple of 64: a 64-group is all live or all not
-                    w16, s = nxt16
-                    nxt16 = _rq_raw16(F, c32, scales, wb, r0, u + 32, nu, ld)
-                    m = 0
-                    for i in range(16):
-                        v[i] = _rq_val(F, w16, i, s)
-                        m = max(m, _absbits(v[i]))
-                    sb = group_scale(4, _amax_of_bits(_warp_max_bits(m, 4)), g2)
-                    r = group_mult(sb, g2)
-                    if live:
-                        lo = 0
-                        hi = 0
-                        if sb != E4M3_NAN:
-                            for i in range(8):
-                                lo |= e2m1_enc_bits(v[i] * r) << (4 * i)
-                                hi |= e2m1_enc_bits(v[i + 8] * r) << (4 * i)
-                        _st2(o32, (j, u >> (ld - 4), ((u << 4) & (D - 1)) >> 3), (lo, hi))
-                        if (u & 3) == 0:
-                            out_scales[j, u >> (ld - 4), ((u << 4) & (D - 1)) >> 6] = sb
-                    base += 32
+            if tid < nu:
+                emit(F, w, sw, s, stp, par, g, gm, g2, o32, ob + 8 * tid, out_scales, j,
+                         tid >> (ld - 6), tid & scol_m)
+            for u in range(tid + nt, nu, nt):
+                w2, sw2, s2 = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                gm2, _ = umax(F, w2, sw2, s2, stp, par, g, c32, wb + (wpp // nu) * u)
+                emit(F, w2, sw2, s2, stp, par, g, gm2, g2, o32, ob + 8 * u, out_scales, j,
+                         u >> (ld - 6), u & scol_m)
+            par ^= 1
 
     return requant
-
 
 append_cuda = {f: _make_append(f) for f in FORMAT_IDS.values()}
 dequant_pages_cuda = {f: _make_dequant(f) for f in FORMAT_IDS.values()}
@@ -1350,18 +1485,18 @@ def _check_head_dim(head_dim: int) -> None:
 _RESIDENT: dict = {}
 
 
-def _grid(kernel, units: int) -> int:
+def _grid(kernel, units: int, threads: int = 32 * _WARPS) -> int:
     """Blocks for `units` warp work units: at most as many as the device holds at once (a
     persistent grid; grid-stride loops take the rest), so no part-filled last wave of blocks
     idles the GPU. Residency comes from the occupancy API once the kernel is compiled (its first
     launch, which compiles it, uses a fixed cap)."""
-    blocks = math.ceil(units / _WARPS)
+    blocks = math.ceil(units * 32 / threads)
     if config.ENABLE_CUDASIM or not kernel.overloads:
         return min(blocks, _MAX_BLOCKS)
-    key = (id(kernel), len(kernel.overloads))
+    key = (id(kernel), len(kernel.overloads), threads)
     if key not in _RESIDENT:
         try:
-            _RESIDENT[key] = min(k.max_cooperative_grid_blocks(32 * _WARPS) for k in kernel.overloads.values())
+            _RESIDENT[key] = min(k.max_cooperative_grid_blocks(threads) for k in kernel.overloads.values())
         except Exception:  # no occupancy query on this driver / binding: the fixed cap
             _RESIDENT[key] = _MAX_BLOCKS
     return max(1, min(blocks, _RESIDENT[key]))
@@ -1391,7 +1526,7 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if not units:
         return
-    if int(fmt_id) in (NVFP4, C4G64):  # the faster kernel measured for these (see append_cuda_rt)
+    if int(fmt_id) in _APPEND_RT:  # the faster kernel measured for these (see append_cuda_rt)
         append_cuda_rt[min(_MAX_BLOCKS, math.ceil(units / _WARPS)), 32 * _WARPS, stream](
             fmt_id, x, pos0, table, codes, scales, gscale)
     else:
@@ -1415,7 +1550,9 @@ def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scal
     _check_pages(codes, scales, out_codes)
     if pages.shape[0] and codes.shape[1]:
         k = requant_c4g64_cuda[int(fmt_id)]
-        k[_grid(k, pages.shape[0]), 32 * _WARPS, stream](
+        units = codes.shape[1] * out_codes.shape[2] * 2 // 64  # a thread per 64-value unit
+        nt = min(_RQ_MAX_THREADS, 32 * math.ceil(units / 32))
+        k[_grid(k, pages.shape[0] * nt // 32, nt), nt, stream](
             codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
