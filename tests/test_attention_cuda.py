@@ -102,6 +102,9 @@ def _kernel_kw(kernel):
             "mma_rows": {"kernel": "mma", "mma_prefill": "rows"},
             "mma_smem": {"kernel": "mma", "mma_prefill": "smem"},
             "mma_smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
+            # the "fa" prefill kernel (same launch as "smem"; mma_mtiles=0 selects it, see get_prefill_kernel)
+            "mma_fa": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0},
+            "mma_fa8": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "mma_warps": 8},
             "mma_direct": {"kernel": "mma", "mma_stages": 0},
             "mma_s2": {"kernel": "mma", "mma_stages": 2}}.get(kernel, {"kernel": kernel})
 
@@ -206,7 +209,11 @@ def test_prefill_chunk_causal(T, L):
     ("mma_direct", "iso3", "nvfp4", 4, 64, 1, 37, 16),
     ("mma_s2", "bf16", "int8", 2, 64, 1, 45, 8),
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
-    ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16)] + [pytest.param(*c, marks=SIM_SLOW) for c in [
+    ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
+    ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
+    ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32)] + [pytest.param(*c, marks=SIM_SLOW) for c in [  # tile in a page
+        ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
+        ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
         ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
         ("mma_smem", "nvfp4", "iso3", 2, 64, 40, 60, 16), ("mma_rows", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
@@ -345,7 +352,7 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
     ("nvfp4", "iso3", 4, 128, 96, 2500, 64), ("int8", "nvfp4", 6, 256, 50, 1200, 64),
     ("bf16", "int8", 1, 64, 70, 900, 16), ("iso3", "bf16", 8, 128, 40, 700, 8),
     ("nvfp4", "bf16", 2, 128, 300, 300, 64)])  # a first chunk (pos0 = 0): rows see < 1 split
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem"])
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa"])
 def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
     """The prefill kernels ((token, head) rows; per-warp or block-shared decode): every format as
     K and V, G 1..8 (G 6 and 8 leave rows unused), pages smaller than their key chunks, chunks not
@@ -356,7 +363,7 @@ def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_smem8"])
+@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -366,7 +373,7 @@ def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem"])
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

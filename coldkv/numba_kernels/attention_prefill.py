@@ -19,7 +19,8 @@ from numba import cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
-    dec_e2m1, dec_i8, dec_iso3, e4m3x2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, prmt)
+    cp_async16_zfill, cp_async_wait_all, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
+    mul_f16x2, pack_bf16, pack_f16, prmt, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 
@@ -759,6 +760,421 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
     return attn_mma_smem
 
 
+def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None):
+    """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
+    rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
+    barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
+    cp.async (zero-filled for invalid keys), the other formats as code words into registers that are
+    decoded (scales multiplied in exactly, as in the other kernels) and stored after the compute.
+    Shared rows are 16-bit [key][dim] (4-bit formats: each 8-dim chunk in the order d0 d4 d1 d5 d2
+    d6 d3 d7, the decoder's natural pairs; q and the output use the same order), 16-byte chunks
+    XOR-swizzled by key & 7, read with ldmatrix: K non-transposed as the B operand of S = Q K^T,
+    V transposed as the B operand of O += P V. Q stays in registers; P is the S accumulator
+    re-packed (FA2); online softmax per row as in the other kernels; only tiles that reach past a
+    warp's first query position (the diagonal), past the split's end, or a block with unallocated
+    pages in its range are masked."""
+    NS = D // 16
+    NC = D // 8  # 16-byte chunks (8 dims) of a shared row
+    RS = D // 2  # u32 words of a shared row
+    CHB = 4096 // D  # keys per tile: shared K + V, two buffers = 32 KB
+    NKT = CHB // 8
+    NVS = CHB // 16
+    ND8 = D // 8
+    TPM = 16 // G
+    RU = TPM * G
+    TH = 32 * W
+    NIT = CHB * NC // TH  # load items (key, chunk) per thread per plane and tile
+    KPI = TH // NC  # key stride between a thread's items
+    BUFW = CHB * RS
+    SBW, SCH = 2 * BUFW, 2 * CHB  # shared array sizes (literal shapes)
+    RWK, RWV = D // _VPW[kf], D // _VPW[vf]
+    SW = D // 64
+    K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
+    mma_k = mma_bf16 if kf == BF16 else mma_f16
+    mma_v = mma_bf16 if vf == BF16 else mma_f16
+    pack_k = pack_bf16 if kf == BF16 else pack_f16
+    pack_v = pack_bf16 if vf == BF16 else pack_f16
+    read_pos = _pos_dev if devpos else _pos_int
+    IX = np.uint64
+    f32 = np.float32
+    u32 = np.uint32
+    i64 = np.int64
+
+    def plane_ops(fmt, RW):
+        dec4 = dec_iso3 if fmt == ISO3 else dec_e2m1
+
+        @cuda.jit(device=True, inline=True)
+        def issue(words, scales, sarr, base, rows, creg, crs, c, key0):
+            """Start bringing items j (key key0 + KPI j, chunk c; rows[j] < 0: invalid) of the
+            next tile in: bf16 by cp.async into sarr, the others into registers."""
+            for j in range(NIT):
+                r = rows[j]
+                ok = r >= 0
+                rr = r if ok else i64(0)
+                key = key0 + KPI * j
+                if fmt == BF16:
+                    cp_async16_zfill(sarr, base + key * RS + 4 * (c ^ (key & 7)), words, IX(rr * RW + 4 * c),
+                               16 if ok else 0)
+                elif fmt == INT8:
+                    x0 = words[IX(rr * RW + 2 * c)]
+                    x1 = words[IX(rr * RW + 2 * c + 1)]
+                    creg[j, 0] = x0 if ok else u32(0)
+                    creg[j, 1] = x1 if ok else u32(0)
+                    sc = scales[IX(rr)]
+                    crs[j] = sc if ok else f32(0.0)
+                else:
+                    x0 = words[IX(rr * RW + c)]
+                    x1 = scales[IX(rr * SW + (c >> 3))]
+                    creg[j, 0] = x0 if ok else u32(0)
+                    creg[j, 1] = x1 if ok else u32(0)
+
+        @cuda.jit(device=True, inline=True)
+        def commit(sarr, base, creg, c, key0):
+            """Decode the registers of `issue` into sarr (bf16: nothing, cp.async wrote it)."""
+            if fmt != BF16:
+                for j in range(NIT):
+                    key = key0 + KPI * j
+                    if fmt == INT8:
+                        x0 = creg[j, 0] ^ u32(0x80808080)
+                        x1 = creg[j, 1] ^ u32(0x80808080)
+                        y0 = dec_i8(x0, 0x5140)
+                        y1 = dec_i8(x0, 0x7362)
+                        y2 = dec_i8(x1, 0x5140)
+                        y3 = dec_i8(x1, 0x7362)
+                    else:
+                        x = creg[j, 0]
+                        sw = creg[j, 1]
+                        bsh = u32((c >> 1) & 3)
+                        sp = e4m3x2(sw, sw, bsh | (bsh << 4))
+                        y0 = mul_f16x2(dec4(x, u32(0)), sp)
+                        y1 = mul_f16x2(dec4(x, u32(4)), sp)
+                        y2 = mul_f16x2(dec4(x, u32(8)), sp)
+                        y3 = mul_f16x2(dec4(x, u32(12)), sp)
+                    sts4(sarr, base + key * RS + 4 * (c ^ (key & 7)), y0, y1, y2, y3)
+
+        return issue, commit
+
+    issue_k, commit_k = plane_ops(kf, RWK)
+    issue_v, commit_v = plane_ops(vf, RWV)
+
+    @cuda.jit(device=True, inline=True)
+    def item_rows(table, h, P, fastp, k0, ke, ipg, ioff, key0, rk, rv, okb):
+        """Global rows of the thread's items of the tile at k0 (-1: past ke or an unallocated
+        page); fastp (P a multiple of CHB): the tile lies in page ipg from offset ioff."""
+        ek = i64(0)
+        ev = i64(0)
+        if fastp and k0 < ke:
+            ek = i64(table[0, h, IX(ipg)])
+            ev = i64(table[1, h, IX(ipg)])
+        for j in range(NIT):
+            key = key0 + KPI * j
+            g = k0 + key
+            r_k = i64(-1)
+            r_v = i64(-1)
+            if g < ke:
+                if fastp:
+                    e_k = ek
+                    e_v = ev
+                    off = ioff + key
+                else:
+                    pg = g // P
+                    off = g - pg * P
+                    e_k = i64(table[0, h, IX(pg)])
+                    e_v = i64(table[1, h, IX(pg)])
+                if e_k >= 0 and e_v >= 0:
+                    r_k = e_k * P + off
+                    r_v = e_v * P + off
+            rk[j] = r_k
+            rv[j] = r_v
+            okb[j] = 1 if r_k >= 0 else 0
+
+    jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
+
+    @jit
+    def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
+        KS = cuda.shared.array(SBW, np.uint32)
+        VS = cuda.shared.array(SBW, np.uint32)
+        ksr = cuda.shared.array(SCH, np.float32)  # int8 row scales of the keys
+        vsr = cuda.shared.array(SCH, np.float32)
+        kval = cuda.shared.array(SCH, np.int32)  # key valid (read only in blocks with holes)
+        pos0 = read_pos(pos)
+        T = q.shape[0]
+        split = cuda.blockIdx.y
+        h = cuda.blockIdx.z
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane >> 2
+        tig = lane & 3
+        hq0 = h * G
+        tqb0 = cuda.blockIdx.x * (W * TPM)
+        tqb_last = min(tqb0 + W * TPM, T) - 1
+        tq0 = tqb0 + warp * TPM
+        active = tq0 < T
+        tq_last = min(tq0 + TPM, T) - 1
+        Lb = pos0 + tqb_last + 1
+        nsplit = cuda.gridDim.y
+        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
+        kb = split * ppw * P
+        ke = min(kb + ppw * P, Lb)
+        kc = f32(1.0) / gscale[0, h]
+        # unallocated pages in the block's range: then every tile is masked per key
+        bad = 0
+        if ke > kb:
+            for p in range(split * ppw + tid, (ke - 1) // P + 1, TH):
+                if table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0:
+                    bad = 1
+        holes = cuda.syncthreads_or(bad) != 0
+        fastp = P % CHB == 0
+
+        # ---- q as the A operand (positions of the shared rows: 4-bit K in pair order)
+        qa = cuda.local.array((NS, 4), np.uint32)
+        rpos = cuda.local.array(2, np.int64)
+        for hi in range(2):
+            r = gid + 8 * hi
+            tq = tq0 + r // G
+            rpos[hi] = pos0 + min(tq, tq_last)
+            ok = active and r < RU and tq < T
+            for s in range(NS):
+                if K4:
+                    d0 = 16 * s + tig
+                    d1 = d0 + 4
+                else:
+                    d0 = 16 * s + 2 * tig
+                    d1 = d0 + 1
+                x0 = f32(0.0)
+                x1 = f32(0.0)
+                x2 = f32(0.0)
+                x3 = f32(0.0)
+                if ok:
+                    hq = hq0 + r % G
+                    x0 = q[tq, hq, d0] * qscale
+                    x1 = q[tq, hq, d1] * qscale
+                    x2 = q[tq, hq, d0 + 8] * qscale
+                    x3 = q[tq, hq, d1 + 8] * qscale
+                qa[s, hi] = pack_k(x0, x1)
+                qa[s, 2 + hi] = pack_k(x2, x3)
+        acc = cuda.local.array((ND8, 4), np.float32)
+        for n in range(ND8):
+            for i in range(4):
+                acc[n, i] = f32(0.0)
+        m0 = _NEG_INF
+        m1 = _NEG_INF
+        l0 = f32(0.0)
+        l1 = f32(0.0)
+        sv = cuda.local.array((NKT, 4), np.float32)
+        rk = cuda.local.array(NIT, np.int64)
+        rv = cuda.local.array(NIT, np.int64)
+        okb = cuda.local.array(NIT, np.int32)
+        kreg = cuda.local.array((NIT, 2), np.uint32)
+        vreg = cuda.local.array((NIT, 2), np.uint32)
+        krs = cuda.local.array(NIT, np.float32)
+        vrs = cuda.local.array(NIT, np.float32)
+        c = tid % NC  # the thread's chunk; its keys key0 + KPI j
+        key0 = tid // NC
+        mm = lane >> 3  # ldmatrix: matrix of this lane's row address, row rr of it
+        rr = lane & 7
+        kl_off = (8 * (mm >> 1) + rr) * RS
+        vl_off = (8 * (mm & 1) + rr) * RS
+        mk = mm & 1
+        mv = mm >> 1
+
+        ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
+        ipg = split * ppw  # fast path: page and offset of the next tile to fetch
+        ioff = 0
+        if ntiles > 0:  # prologue: tile 0 into buffer 0
+            item_rows(table, h, P, fastp, kb, ke, ipg, ioff, key0, rk, rv, okb)
+            issue_k(k_words, k_scales, KS, 0, rk, kreg, krs, c, key0)
+            issue_v(v_words, v_scales, VS, 0, rv, vreg, vrs, c, key0)
+            commit_k(KS, 0, kreg, c, key0)
+            commit_v(VS, 0, vreg, c, key0)
+            if c == 0:
+                for j in range(NIT):
+                    key = key0 + KPI * j
+                    kval[key] = okb[j]
+                    if kf == INT8:
+                        ksr[key] = krs[j]
+                    if vf == INT8:
+                        vsr[key] = vrs[j]
+            ioff += CHB
+            if ioff >= P:
+                ioff -= P
+                ipg += 1
+        cp_async_wait_all()
+        cuda.syncthreads()
+        for ti in range(ntiles):
+            buf = ti & 1
+            k0 = kb + ti * CHB
+            nxt = ti + 1 < ntiles
+            nb = (buf ^ 1) * BUFW
+            if nxt:
+                item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
+                issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0)
+                issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0)
+            if active and k0 <= pos0 + tq_last:
+                bk = buf * BUFW
+                for u in range(NKT):
+                    for i in range(4):
+                        sv[u, i] = f32(0.0)
+                # ---- S = Q K^T: one ldmatrix.x4 per (pair of 8-key tiles, k16 step)
+                for pr in range(NKT // 2):
+                    for s in range(NS):
+                        b0, b1, b2, b3 = ldsm_x4(KS, bk + 16 * pr * RS + kl_off + 4 * ((2 * s + mk) ^ rr))
+                        u = 2 * pr
+                        r0, r1, r2, r3 = mma_k(qa[s, 0], qa[s, 1], qa[s, 2], qa[s, 3], b0, b1,
+                                               sv[u, 0], sv[u, 1], sv[u, 2], sv[u, 3])
+                        sv[u, 0] = r0
+                        sv[u, 1] = r1
+                        sv[u, 2] = r2
+                        sv[u, 3] = r3
+                        r0, r1, r2, r3 = mma_k(qa[s, 0], qa[s, 1], qa[s, 2], qa[s, 3], b2, b3,
+                                               sv[u + 1, 0], sv[u + 1, 1], sv[u + 1, 2], sv[u + 1, 3])
+                        sv[u + 1, 0] = r0
+                        sv[u + 1, 1] = r1
+                        sv[u + 1, 2] = r2
+                        sv[u + 1, 3] = r3
+                # ---- scales and the mask (diagonal / end of the split / holes only)
+                need = holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0
+                for u in range(NKT):
+                    for e in range(2):
+                        kk = 8 * u + 2 * tig + e
+                        if K4:
+                            sc = kc
+                        elif kf == INT8:
+                            sc = ksr[buf * CHB + kk]
+                        else:
+                            sc = f32(1.0)
+                        x0 = sv[u, e] * sc
+                        x1 = sv[u, 2 + e] * sc
+                        if need:
+                            g = k0 + kk
+                            okk = g < ke and (not holes or kval[buf * CHB + kk] != 0)
+                            x0 = x0 if okk and g <= rpos[0] else _NEG_INF
+                            x1 = x1 if okk and g <= rpos[1] else _NEG_INF
+                        sv[u, e] = x0
+                        sv[u, 2 + e] = x1
+                # ---- online softmax, rows gid (slots 0, 1) and gid + 8 (2, 3)
+                mx0 = _NEG_INF
+                mx1 = _NEG_INF
+                for u in range(NKT):
+                    mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
+                    mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
+                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
+                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
+                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
+                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
+                if mx0 > m0 + _LAZY:
+                    al = math.exp2(m0 - mx0)
+                    m0 = mx0
+                    l0 *= al
+                    for n in range(ND8):
+                        acc[n, 0] *= al
+                        acc[n, 1] *= al
+                if mx1 > m1 + _LAZY:
+                    al = math.exp2(m1 - mx1)
+                    m1 = mx1
+                    l1 *= al
+                    for n in range(ND8):
+                        acc[n, 2] *= al
+                        acc[n, 3] *= al
+                for u in range(NKT):
+                    for i in range(4):
+                        x = sv[u, i]
+                        pr_ = math.exp2(x - (m0 if i < 2 else m1)) if x > _NEG_INF else f32(0.0)
+                        if i < 2:
+                            l0 += pr_
+                        else:
+                            l1 += pr_
+                        sv[u, i] = pr_
+                # ---- O += P V: A = P (16-key step v), B = V by ldmatrix.trans, two 8-dim tiles
+                bv = buf * BUFW
+                for v in range(NVS):
+                    p0 = sv[2 * v, 0]
+                    p1 = sv[2 * v, 1]
+                    p2 = sv[2 * v, 2]
+                    p3 = sv[2 * v, 3]
+                    p4 = sv[2 * v + 1, 0]
+                    p5 = sv[2 * v + 1, 1]
+                    p6 = sv[2 * v + 1, 2]
+                    p7 = sv[2 * v + 1, 3]
+                    if vf == INT8:
+                        kv0 = buf * CHB + 16 * v + 2 * tig
+                        s0 = vsr[kv0]
+                        s1 = vsr[kv0 + 1]
+                        s8 = vsr[kv0 + 8]
+                        s9 = vsr[kv0 + 9]
+                        a0 = pack_v(p0 * s0, p1 * s1)
+                        a1 = pack_v(p2 * s0, p3 * s1)
+                        a2 = pack_v(p4 * s8, p5 * s9)
+                        a3 = pack_v(p6 * s8, p7 * s9)
+                    else:
+                        a0 = pack_v(p0, p1)  # row gid, keys 16 v + 2 tig, + 1
+                        a1 = pack_v(p2, p3)  # row gid + 8
+                        a2 = pack_v(p4, p5)  # row gid, keys + 8
+                        a3 = pack_v(p6, p7)
+                    for npr in range(ND8 // 2):
+                        b0, b1, b2, b3 = ldsm_x4_t(VS, bv + 16 * v * RS + vl_off + 4 * ((2 * npr + mv) ^ rr))
+                        n = 2 * npr
+                        r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
+                        acc[n, 0] = r0
+                        acc[n, 1] = r1
+                        acc[n, 2] = r2
+                        acc[n, 3] = r3
+                        r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, b2, b3, acc[n + 1, 0], acc[n + 1, 1], acc[n + 1, 2],
+                                               acc[n + 1, 3])
+                        acc[n + 1, 0] = r0
+                        acc[n + 1, 1] = r1
+                        acc[n + 1, 2] = r2
+                        acc[n + 1, 3] = r3
+            if nxt:
+                commit_k(KS, nb, kreg, c, key0)
+                commit_v(VS, nb, vreg, c, key0)
+                if c == 0:
+                    ob = (buf ^ 1) * CHB
+                    for j in range(NIT):
+                        key = key0 + KPI * j
+                        kval[ob + key] = okb[j]
+                        if kf == INT8:
+                            ksr[ob + key] = krs[j]
+                        if vf == INT8:
+                            vsr[ob + key] = vrs[j]
+                ioff += CHB
+                if ioff >= P:
+                    ioff -= P
+                    ipg += 1
+            cp_async_wait_all()
+            cuda.syncthreads()
+
+        # ---- the warp's partials
+        if active:
+            vc = f32(1.0)
+            if V4:
+                vc = f32(1.0) / gscale[1, h]
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 1)
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 2)
+            for hi in range(2):
+                r = gid + 8 * hi
+                tq = tq0 + r // G
+                if r < RU and tq < T:
+                    hq = hq0 + r % G
+                    if tig == 0:
+                        ws_ml[split, tq, hq, 0] = m0 if hi == 0 else m1
+                        ws_ml[split, tq, hq, 1] = l0 if hi == 0 else l1
+                    for n in range(ND8):
+                        if V4:
+                            dm = 8 * n + tig
+                            dm1 = dm + 4
+                        else:
+                            dm = 8 * n + 2 * tig
+                            dm1 = dm + 1
+                        ws_acc[split, tq, hq, dm] = acc[n, 2 * hi] * vc
+                        ws_acc[split, tq, hq, dm1] = acc[n, 2 * hi + 1] * vc
+
+    return attn_mma_fa
+
+
 def prefill_tokens_per_block(G: int, mt: int = 1) -> int:
     return NWARPS * mt * (16 // G)
 
@@ -769,12 +1185,23 @@ _PREFILL: dict = {}
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None,
                        smem: bool = False, warps: int = 4, chb: int = 0):
     """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
-    `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys)."""
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, bool(smem), int(warps), int(chb))
+    `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys), or
+    smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles). The "smem" and "fa"
+    kernels have the same launch (grid, 32 `warps` threads); until attention_cuda names "fa",
+    paged_attention_cuda(mma_prefill="smem", mma_mtiles=0) reaches it (mt is unused by "smem")."""
+    if smem is True and int(mt) == 0:
+        smem = "fa"
+    if smem != "fa":
+        smem = bool(smem)
+    if smem == "fa":
+        mt = 1
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb))
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
-        if smem:
+        if smem == "fa":
+            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers)
+        elif smem:
             _PREFILL[key] = _build_prefill_smem(kf, vf, G, D, devpos, warps, chb, max_registers)
         else:
             _PREFILL[key] = _build_prefill(kf, vf, G, D, devpos, mt, max_registers)
@@ -796,6 +1223,13 @@ def _ptx_signatures():
             (get_prefill_kernel(BF16, INT8, 1, 64, smem=True), kernel_sig(BF16, INT8)),
             (get_prefill_kernel(ISO3, BF16, 8, 128, True, smem=True), kernel_sig(ISO3, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, smem=True, warps=8), kernel_sig(NVFP4, NVFP4))]
+    out += [(get_prefill_kernel(f, f, 2, 128, smem="fa"), kernel_sig(f, f)) for f in fm]
+    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128, smem="fa"), kernel_sig(NVFP4, ISO3)),
+            (get_prefill_kernel(INT8, NVFP4, 6, 256, smem="fa"), kernel_sig(INT8, NVFP4)),
+            (get_prefill_kernel(BF16, INT8, 1, 64, smem="fa"), kernel_sig(BF16, INT8)),
+            (get_prefill_kernel(ISO3, BF16, 8, 128, True, smem="fa"), kernel_sig(ISO3, BF16, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, smem="fa", warps=8), kernel_sig(NVFP4, NVFP4)),
+            (get_prefill_kernel(BF16, BF16, 4, 128, smem="fa", warps=8), kernel_sig(BF16, BF16))]
     return out
 
 

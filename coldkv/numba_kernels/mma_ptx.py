@@ -102,6 +102,95 @@ ldg2 = _ldg(2)
 ldg4 = _ldg(4)
 
 
+# ---- shared memory: ldmatrix, cp.async, vector stores (the "fa" prefill kernel). Addresses are
+# (array, 32-bit word index) pairs; the shared address is the element pointer cast to the shared
+# space (addrspace 3). All are volatile with a memory clobber: LLVM must not move them across a
+# barrier or another shared access (ptxas still schedules them by their dependencies).
+def _smem_ptr(context, builder, aty, arr, idx):
+    a = context.make_array(aty)(context, builder, arr)
+    ptr = builder.gep(a.data, [context.cast(builder, idx, types.uint32, types.int64)])
+    sp = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3) if hasattr(ptr.type, "pointee")
+                               and not getattr(ptr.type, "is_opaque", False) else ir.PointerType(addrspace=3))
+    return builder.ptrtoint(sp, ir.IntType(32))
+
+
+def _ldsm(trans):
+    """ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the row address
+    arr[idx] (16 bytes: a word index multiple of 4) of row l % 8 of matrix l // 8; result j is
+    matrix j's (row l // 4, halves 2 (l % 4), + 1), with .trans the transposed matrix's."""
+    ptx = (f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 "
+           "{$0, $1, $2, $3}, [$4];")
+
+    @intrinsic
+    def ldsm(typingctx, arr, idx):
+        ret = types.UniTuple(_u32, 4)
+
+        def codegen(context, builder, sig, args):
+            addr = _smem_ptr(context, builder, sig.args[0], args[0],
+                             context.cast(builder, args[1], sig.args[1], types.uint32))
+            rt = ir.LiteralStructType([ir.IntType(32)] * 4)
+            r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [ir.IntType(32)]), ptx, "=r,=r,=r,=r,r,~{memory}",
+                                          side_effect=True), [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(r, k) for k in range(4)])
+
+        return ret(arr, idx), codegen
+
+    return ldsm
+
+
+ldsm_x4 = _ldsm(False)
+ldsm_x4_t = _ldsm(True)
+
+
+@intrinsic
+def sts4(typingctx, arr, idx, a, b, c, d):
+    """st.shared.v4.u32 of a, b, c, d at arr[idx .. idx + 4) (idx a multiple of 4)."""
+    def codegen(context, builder, sig, args):
+        addr = _smem_ptr(context, builder, sig.args[0], args[0],
+                         context.cast(builder, args[1], sig.args[1], types.uint32))
+        vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[2:], sig.args[2:])]
+        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(32)] * 5),
+                                  "st.shared.v4.u32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
+                                  side_effect=True), [addr] + vals)
+        return context.get_dummy_value()
+
+    return types.none(arr, idx, a, b, c, d), codegen
+
+
+@intrinsic
+def cp_async16_zfill(typingctx, sarr, sidx, garr, gidx, nbytes):
+    """cp.async.cg.shared.global: 16 bytes garr[gidx .. + 4) (32-bit words) -> sarr[sidx .. + 4);
+    only the first `nbytes` (0 or 16) are read, the rest is zero-filled."""
+    def codegen(context, builder, sig, args):
+        addr = _smem_ptr(context, builder, sig.args[0], args[0],
+                         context.cast(builder, args[1], sig.args[1], types.uint32))
+        g = context.make_array(sig.args[2])(context, builder, args[2])
+        gp = builder.gep(g.data, [context.cast(builder, args[3], sig.args[3], types.int64)])
+        n = context.cast(builder, args[4], sig.args[4], types.uint32)
+        i64 = ir.IntType(64)
+        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(32), i64, ir.IntType(32)]),
+                                  "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+                                  side_effect=True), [addr, builder.ptrtoint(gp, i64), n])
+        return context.get_dummy_value()
+
+    return types.none(sarr, sidx, garr, gidx, nbytes), codegen
+
+
+def _asm0(ptx):
+    @intrinsic
+    def f(typingctx):
+        def codegen(context, builder, sig, args):
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
+            return context.get_dummy_value()
+
+        return types.none(), codegen
+
+    return f
+
+
+cp_async_wait_all = _asm0("cp.async.wait_all;")  # commit + wait for every cp.async of the thread
+
+
 def _cp_async(nbytes):
     """cp.async of nbytes (4 or 16: 1 or 4 words of 4 bytes) from global src[si..] to shared
     dst[di..] (element indices; both 4-byte dtypes, the addresses aligned to nbytes). The copy
@@ -294,6 +383,36 @@ def _sim_nop():
     return None
 
 
+def _sim_ldsm(trans):
+    def ldsm(arr, idx):
+        addrs, lane = _sim_allgather(int(idx))
+        out = []
+        for j in range(4):
+            if not trans:
+                out.append(np.uint32(arr[addrs[8 * j + lane // 4] + lane % 4]))
+            else:
+                c = lane // 4  # column of the stored matrix = row of the transposed one
+                h = []
+                for r in (2 * (lane % 4), 2 * (lane % 4) + 1):
+                    w = int(arr[addrs[8 * j + r] + c // 2])
+                    h.append((w >> (16 * (c % 2))) & 0xFFFF)
+                out.append(np.uint32(h[0] | (h[1] << 16)))
+        return tuple(out)
+    return ldsm
+
+
+def _sim_sts4(arr, idx, a, b, c, d):
+    i = int(idx)
+    for k, v in enumerate((a, b, c, d)):
+        arr[i + k] = np.uint32(v)
+
+
+def _sim_cp_async16_zfill(sarr, sidx, garr, gidx, nbytes):
+    i, g = int(sidx), int(gidx)
+    for k in range(4):
+        sarr[i + k] = np.uint32(garr[g + k]) if int(nbytes) == 16 else np.uint32(0)
+
+
 def _sim_install():
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
@@ -310,6 +429,8 @@ if SIMULATED:
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
     e4m3x2, mul_f16x2 = _sim_e4m3x2, _sim_mul_f16x2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
+    ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
+    cp_async_wait_all = lambda: None  # noqa: E731
     cp_async4, cp_async16 = _sim_cp_async(1), _sim_cp_async(4)
     cp_async_commit = _sim_nop
     cp_async_wait = {n: _sim_nop for n in range(8)}

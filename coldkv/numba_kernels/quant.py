@@ -433,7 +433,7 @@ _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
 _DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
-_APPEND_RT = ()  # formats whose launch_append runs append_cuda_rt (none: the per-format kernel won)
+_RQ_PREFETCH = (INT8, NVFP4, ISO3, C4G64)  # requant sources whose next page's unit is loaded a page ahead
 _RQ_MAX_THREADS = 512  # requant: block size cap (a thread per 64-value unit; more units re-read)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
@@ -738,35 +738,19 @@ def _make_append(F):
         nseg = (T * H * D) >> 4
         gl = (D >> 4) if F == INT8 else GL_FIXED
         v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
-        nv = cuda.local.array(16, np.float32)  # the next unit's values, loaded one iteration ahead
         c32 = codes.view(np.uint32)
         gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
         nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-        stride = nw * 32
-        sn = gw * 32 + lane
-        if sn < nseg:
-            rn = sn >> (ld - 4)
-            tn, hn = _divmod(rn, H, lh)
-            cn = (sn << 4) & (D - 1)
-            for k in range(4):
-                nv[4 * k], nv[4 * k + 1], nv[4 * k + 2], nv[4 * k + 3] = _ld4(x, (tn, hn, cn + 4 * k))
-        for base in range(gw * 32, nseg, stride):  # warp-uniform trip count: every lane shuffles
+        for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
             s = base + lane
             live = s < nseg
             row = s >> (ld - 4)
             c = (s << 4) & (D - 1)
             t, h = _divmod(row, H, lh)
-            for k in range(16):
-                v[k] = nv[k]
-            sn = s + stride
-            if sn < nseg:  # in flight while this unit is encoded
-                rn = sn >> (ld - 4)
-                tn, hn = _divmod(rn, H, lh)
-                cn = (sn << 4) & (D - 1)
-                for k in range(4):
-                    nv[4 * k], nv[4 * k + 1], nv[4 * k + 2], nv[4 * k + 3] = _ld4(x, (tn, hn, cn + 4 * k))
             m = 0
             if live:
+                for k in range(4):
+                    v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
                 for k in range(16):
                     m = max(m, _absbits(v[k]))
             if F >= 1:
@@ -1399,6 +1383,7 @@ def _make_requant(F):
     Shared arrays are double-buffered by page parity: one barrier per page (two for nvfp4/iso3).
     """
     load = _RQ_LOAD[F]
+    PREFETCH = F in _RQ_PREFETCH
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
@@ -1422,13 +1407,23 @@ def _make_requant(F):
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
         scol_m = (D >> 6) - 1
         par = 0
-        for j in range(cuda.blockIdx.x, pages.shape[0], cuda.gridDim.x):
+        j = cuda.blockIdx.x
+        if PREFETCH and j < pages.shape[0]:
+            pn = np.int64(pages[j])
+            nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
+        while j < pages.shape[0]:
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
             wb = page * wpp
             sb0 = page * spp
             r0 = page * P
-            w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
+            if PREFETCH:  # this page's unit was loaded during the previous page; load the next one's
+                w, sw, s = nxt
+                if j + cuda.gridDim.x < pages.shape[0]:
+                    pn = np.int64(pages[j + cuda.gridDim.x])
+                    nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
+            else:
+                w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
             if F == NVFP4 or F == ISO3:
                 if tid < 128:
                     stp[par, tid] = e4m3_dec(np.int64(tid)) / g
@@ -1464,6 +1459,7 @@ def _make_requant(F):
                 emit(F, w2, sw2, s2, stp, par, g, gm2, g2, o32, ob + 8 * u, out_scales, j,
                          u >> (ld - 6), u & scol_m)
             par ^= 1
+            j += cuda.gridDim.x
 
     return requant
 
@@ -1526,7 +1522,7 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if not units:
         return
-    if int(fmt_id) in _APPEND_RT:  # the faster kernel measured for these (see append_cuda_rt)
+    if int(fmt_id) in (NVFP4, C4G64):  # the faster kernel measured for these (see append_cuda_rt)
         append_cuda_rt[min(_MAX_BLOCKS, math.ceil(units / _WARPS)), 32 * _WARPS, stream](
             fmt_id, x, pos0, table, codes, scales, gscale)
     else:
