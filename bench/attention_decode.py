@@ -51,16 +51,13 @@ from coldkv.numba_kernels import quant as Q  # noqa: E402
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4),
            "iso3": (Q.ISO3, Q.ISO3), "nvfp4/iso3": (Q.NVFP4, Q.ISO3)}
 # The default rows run kernel="auto" (the tensor-core kernel, attention_mma, uint64 indices, its
-# cp.async ring as deep as attention_mma.auto_stages gives, and the `_MMA_TUNED` register cap of
-# attention_cuda where one is set). Variants, at --variant-contexts on the first shape: "@fma" the
-# fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register cap, "@r128" capped at 128
-# registers (4 blocks per SM), "@t4" 32-token chunks, "@sN" a cp.async ring of N chunks per warp
-# ("@s0": direct loads, the kernel before the ring).
+# `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
+# the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register
+# cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
-       "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
-       **{f"s{n}": {"kernel": "mma", "mma_stages": n} for n in (0, 2, 3, 4)}}
+       "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4}}
 VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("nvfp4", "s0"), ("nvfp4", "s2"), ("nvfp4", "s4"), ("iso3", "s0"), ("int8", "s0"), ("nvfp4/iso3", "s0")]}
+    ("nvfp4", "r0"), ("nvfp4", "t4"), ("int8", "r128"), ("bf16", "t4")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

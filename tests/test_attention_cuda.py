@@ -105,8 +105,7 @@ def _kernel_kw(kernel):
             # the "fa" prefill kernel (same launch as "smem"; mma_mtiles=0 selects it, see get_prefill_kernel)
             "mma_fa": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "mma_warps": 8},
-            "mma_direct": {"kernel": "mma", "mma_stages": 0},
-            "mma_s2": {"kernel": "mma", "mma_stages": 2}}.get(kernel, {"kernel": kernel})
+            "mma_t4": {"kernel": "mma", "mma_tiles": 4}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -206,8 +205,9 @@ def test_prefill_chunk_causal(T, L):
 # kernels' index logic is checked without a GPU (on a GPU these cases run the real kernels).
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel
-    ("mma_direct", "iso3", "nvfp4", 4, 64, 1, 37, 16),
-    ("mma_s2", "bf16", "int8", 2, 64, 1, 45, 8),
+    ("mma", "iso3", "nvfp4", 4, 64, 1, 37, 16),
+    ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
+    ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
@@ -334,7 +334,7 @@ KERNELS = ["fma", "mma"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_direct"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("kname,vname,G,D", [
     ("bf16", "bf16", 4, 128), ("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128), ("nvfp4", "iso3", 4, 128),
     ("nvfp4", "nvfp4", 6, 256), ("bf16", "bf16", 6, 256), ("int8", "nvfp4", 1, 64), ("iso3", "bf16", 8, 128)])
@@ -423,7 +423,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_direct"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)

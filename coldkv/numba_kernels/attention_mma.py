@@ -38,9 +38,11 @@ from numba import cuda
 
 from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
-from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (SIMULATED, _sim_install: attention_cuda)
-    SIMULATED, _sim_install, cp_async4, cp_async16, cp_async_commit, cp_async_wait, dec_e2m1, dec_i8, dec_iso3,
-    e4m3x2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, prmt)
+from numba import types
+
+from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
+    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16,
+    prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -49,32 +51,43 @@ _LAZY = np.float32(8.0)
 _NEG_INF = np.float32(-np.inf)
 _VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}
 
+# ------------------------------------------------------------------------------ operand decoders
+# Written as Numba bit operations (not asm) with the nibble index `a` a constant after unrolling,
+# so LLVM folds each shift pair into two constant shifts and ptxas the masks into LOP3s.
+@cuda.jit(device=True, inline=True)
+def _e2m1_bits(x, a):
+    """fp16x2 bits of E2M1 nibbles a (low half) and a + 4 (high half) of x, as value * 2^-14:
+    (s << 15) | (eem << 9) (0.5 becomes a subnormal; the 2^14 is applied to the fp32 results)."""
+    if a == 3:
+        return ((x >> 3) & 0x0E000E00) | (x & 0x80008000)
+    return ((x << (9 - 4 * a)) & 0x0E000E00) | ((x << (12 - 4 * a)) & 0x80008000)
+
+
+def _sim_sub_f16x2(a, b):
+    from coldkv.numba_kernels.mma_ptx import _sim_f16x2
+
+    return _sim_f16x2(lambda u, v: u - v, a, b)
+
+
+sub_f16x2 = _sim_sub_f16x2 if SIMULATED else _asm("sub.rn.f16x2 $0, $1, $2;", "=r,r,r", types.uint32,
+                                                   (types.uint32, types.uint32))
+
+
+@cuda.jit(device=True, inline=True)
+def _iso3_bits(x, a):
+    """fp16x2 of the ISO3 nibbles a, a + 4 of x (sign bit 3, magnitude 0..7): (1024 + m) - 1024,
+    the sign or-ed in."""
+    m = ((x >> (4 * a)) & 0x00070007) | 0x64006400
+    sg = ((x << (12 - 4 * a)) & 0x80008000) if a < 3 else (x & 0x80008000)
+    return sub_f16x2(m, 0x64006400) | sg
+
+
 # ------------------------------------------------------------------------------ the kernel
-_PAD = 4  # words of padding per staged row: rows gid / 2 tig of a fragment read hit distinct banks
-_MAX_STAGES = 4
-_SMEM_BUDGET = 40 * 1024  # bytes of cp.async ring per block (static shared memory is capped at 48 KiB)
-
-
 def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
-def _scale_words(fmt: int, D: int) -> int:
-    """32-bit scale words per row: E4M3 bytes of the 4-bit formats, int8's fp32 row scale, none."""
-    return D // 64 if fmt in (NVFP4, ISO3) else (1 if fmt == INT8 else 0)
-
-
-def auto_stages(kf: int, vf: int, D: int, nt: int = 0) -> int:
-    """Depth of the cp.async ring: as many chunks as fit in _SMEM_BUDGET (at most _MAX_STAGES),
-    0 (direct loads) when fewer than 2 fit (bf16: 8.5 KiB a chunk and warp at d=128)."""
-    CH = 8 * (nt or 2)
-    words = CH * (D // _VPW[kf] + D // _VPW[vf] + 2 * _PAD + _scale_words(kf, D) + _scale_words(vf, D))
-    n = min(_MAX_STAGES, _SMEM_BUDGET // (NWARPS * 4 * words))
-    return n if n >= 2 else 0
-
-
-def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           stages: int = -1):
+def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -82,67 +95,60 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     CH = 8 * NT
     NT2 = NT // 2  # 16-token V steps per chunk
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
-    KW = NS if kf == INT8 else 2 * NS  # K code words a lane holds per token
+    # 4-bit K: lane (gid, tig) holds WPL consecutive words of token gid's row (its quarter; step s
+    # reads word s >> 1, nibble pairs (0,4),(1,5) or (2,6),(3,7)), so every code word is loaded
+    # and decoded by one lane, with constant shifts. Its GPL scale groups start at byte tig * GPL.
+    WPL = RWK // 4
+    GPL = WPL // 2
+    KW = NS if kf == INT8 else (WPL if K4 else 2 * NS)  # K code words a lane holds per token
+    # 4-bit V: lane (gid, tig) reads words gid + 8k (k < NS / 4) of its 4 tokens' rows; tile j
+    # takes nibbles (j & 3, + 4) of word gid + 8 (j >> 2): output rows gid / gid + 8 are dims
+    # 8 (gid + 8 (j >> 2)) + (j & 3) / + 4, scale group (gid >> 1) + 4 (j >> 2): word j >> 2.
+    VW = NS // 4 if V4 else NS  # V code words a lane holds per token row
     mma_k = mma_bf16 if kf == BF16 else mma_f16
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
     pack_v = pack_bf16 if vf == BF16 else pack_f16
+    KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
+    VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
-    # Global/shared indices as uint64 (the default: drops Numba's negative-index wraparound, a
-    # compare + select per access) or int64.
+    # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
+    # select per access) or int64.
     IX = np.uint64 if u64 else np.int64
-    # cp.async ring: S chunks of K and V (codes and scales) per warp in flight, so a warp keeps
-    # ~S x (its chunk's bytes) of loads outstanding while it computes (direct loads: one chunk's K,
-    # then its V, each waited for). Staged rows are padded by _PAD words.
-    S = auto_stages(kf, vf, D, nt) if stages < 0 else stages
-    RKP, RVP = RWK + _PAD, RWV + _PAD
-    SWK, SWV = _scale_words(kf, D), _scale_words(vf, D)
-    UK, UV = RWK // 4, RWV // 4  # 16-byte units per row
-    RING = NWARPS * max(S, 1) * CH  # staged rows per block
-    NKC, NVC, NKS, NVS = RING * RKP, RING * RVP, RING * max(SWK, 1), RING * max(SWV, 1)  # ring words
-    KST = np.float32 if kf == INT8 else np.uint32
-    VST = np.float32 if vf == INT8 else np.uint32
-    wait_ring = cp_async_wait[max(S - 1, 0)]
-    wait_all = cp_async_wait[0]
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
 
     @cuda.jit(device=True, inline=True)
-    def load_k(kcode, kscal, kreg, ksc, krs, kb, kst, c0, last, tig, gid):
-        """K of the chunk from staged rows (shared, scalar loads): lane holds the row of token gid
-        of each tile (clamped to the page's last valid row); row r is at (kb + r) * kst."""
-        for u in range(NT):
-            row = kb + min(c0 + 8 * u + gid, last)
-            if kf == INT8:
-                for s in range(NS):
-                    kreg[u, s] = kcode[IX(row * kst + 4 * s + tig)] ^ u32(0x80808080)
-                for i in range(2):  # row scales of the tokens of this lane's columns
-                    krs[u, i] = kscal[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
-            elif kf == BF16:
-                for s in range(NS):
-                    kreg[u, 2 * s] = kcode[IX(row * kst + 8 * s + 2 * tig)]
-                    kreg[u, 2 * s + 1] = kcode[IX(row * kst + 8 * s + 2 * tig + 1)]
-            else:
-                for w in range(KW):
-                    kreg[u, w] = kcode[IX(row * kst + w)]
-                for w in range(SW):
-                    ksc[u, w] = kscal[IX(row * SW + w)]
+    def dec_k(x, a):
+        return _e2m1_bits(x, a) if kf == NVFP4 else _iso3_bits(x, a)
 
     @cuda.jit(device=True, inline=True)
-    def load_k_global(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
-        """load_k from the pool itself, with vector non-coherent loads (the direct path)."""
+    def dec_v(x, a):
+        return _e2m1_bits(x, a) if vf == NVFP4 else _iso3_bits(x, a)
+
+    @cuda.jit(device=True, inline=True)
+    def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
+        """K of the chunk: lane holds (its part of) the row of token gid of each tile (clamped to
+        the page's last valid row; row r of the page at kb + r)."""
         for u in range(NT):
             row = kb + min(c0 + 8 * u + gid, last)
             if K4:
-                for m in range(KW // 4):
-                    a, b, c, d = ldg4(k_words, row * RWK + 4 * m)
-                    kreg[u, 4 * m] = a
-                    kreg[u, 4 * m + 1] = b
-                    kreg[u, 4 * m + 2] = c
-                    kreg[u, 4 * m + 3] = d
-                for w in range(SW):
-                    ksc[u, w] = k_scales[IX(row * SW + w)]
+                if WPL % 4 == 0:
+                    for m in range(WPL // 4):
+                        a, b, c, d = ldg4(k_words, row * RWK + tig * WPL + 4 * m)
+                        kreg[u, 4 * m] = a
+                        kreg[u, 4 * m + 1] = b
+                        kreg[u, 4 * m + 2] = c
+                        kreg[u, 4 * m + 3] = d
+                else:
+                    for m in range(WPL // 2):
+                        a, b = ldg2(k_words, row * RWK + tig * WPL + 2 * m)
+                        kreg[u, 2 * m] = a
+                        kreg[u, 2 * m + 1] = b
+                w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
+                ksc[u, 0] = k_scales[IX(row * SW + w0)]
+                ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
             elif kf == BF16:
                 for s in range(NS):
                     a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
@@ -151,67 +157,43 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             else:
                 for s in range(NS):
                     kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
-                for i in range(2):
+                for i in range(2):  # row scales of the tokens of this lane's columns
                     krs[u, i] = k_scales[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
 
     @cuda.jit(device=True, inline=True)
-    def load_v(vcode, vscal, vreg, vsc, vrs, vb, vst, c0, last, tig, gid):
+    def load_v(v_words, v_scales, vreg, vsc, vrs, vb, c0, last, tig, gid):
         """V code words (and scales) of the chunk: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each
-        16-token step (clamped to the page's last valid row), the words of this lane's dims; row
-        r at (vb + r) * vst (the pool or the staged rows)."""
+        16-token step (clamped to the page's last valid row), the words of this lane's dims."""
         for v in range(NT2):
             for i in range(4):
                 row = vb + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
-                for j in range(NS):
+                for j in range(VW):
                     if V4:
-                        vreg[v, i, j] = vcode[IX(row * vst + 2 * j + (gid >> 2))]
+                        vreg[v, i, j] = v_words[IX(row * RWV + gid + 8 * j)]
                     elif vf == BF16:
-                        vreg[v, i, j] = vcode[IX(row * vst + 8 * j + gid)]
+                        vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
                     else:
-                        vreg[v, i, j] = vcode[IX(row * vst + 4 * j + (gid >> 1))] ^ u32(0x80808080)
+                        vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
                 if V4:
                     for w in range(SW):
-                        vsc[v, i, w] = vscal[IX(row * SW + w)]
+                        vsc[v, i, w] = v_scales[IX(row * SW + w)]
                 elif vf == INT8:
-                    vrs[v, i] = vscal[IX(row)]
-
-    @cuda.jit(device=True, inline=True)
-    def stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, c0, P, sb, lane):
-        """cp.async the chunk's n rows (from c0) of K and V, codes and scales, into ring slot sb
-        (its first staged row), then commit the group (empty for an unallocated page)."""
-        if n > 0:
-            rk = pk * P + c0
-            rv = pv * P + c0
-            for x in range(lane, n * UK, 32):
-                r = x // UK
-                cp_async16(skc, IX((sb + r) * RKP + 4 * (x - r * UK)), k_words, IX(rk * RWK + 4 * x))
-            for x in range(lane, n * UV, 32):
-                r = x // UV
-                cp_async16(svc, IX((sb + r) * RVP + 4 * (x - r * UV)), v_words, IX(rv * RWV + 4 * x))
-            for x in range(lane, n * SWK, 32):
-                cp_async4(sks, IX(sb * SWK + x), k_scales, IX(rk * SWK + x))
-            for x in range(lane, n * SWV, 32):
-                cp_async4(svs, IX(sb * SWV + x), v_scales, IX(rv * SWV + x))
-        cp_async_commit()
+                    vrs[v, i] = v_scales[IX(row)]
 
     @cuda.jit(device=True, inline=True)
     def scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig):
         """K phase: S[g, tok] of the chunk's NT 8-token tiles into sv (-inf past nval)."""
-        shk = u32(4 * tig)
+        kb0 = u32((tig * GPL) & 3)  # byte of this lane's first scale group in ksc[u, 0]
         for u in range(NT):
             c_0 = f32(0.0)
             c_1 = f32(0.0)
             for s in range(NS):
-                if K4:  # group scales of token gid (B's column) multiplied into B
-                    kw = ksc[u, s >> 2]
-                    bsh = u32(s & 3)
-                    sp = e4m3x2(kw, kw, bsh | (bsh << 4))
-                    if kf == NVFP4:
-                        b0 = mul_f16x2(dec_e2m1(kreg[u, 2 * s], shk), sp)
-                        b1 = mul_f16x2(dec_e2m1(kreg[u, 2 * s + 1], shk), sp)
-                    else:
-                        b0 = mul_f16x2(dec_iso3(kreg[u, 2 * s], shk), sp)
-                        b1 = mul_f16x2(dec_iso3(kreg[u, 2 * s + 1], shk), sp)
+                if K4:  # group scale of the step's word (token gid, B's column) multiplied into B
+                    bsel = kb0 + u32(s >> 2)
+                    sp = e4m3x2(ksc[u, 0], ksc[u, 1], bsel | (bsel << 4))
+                    x = kreg[u, s >> 1]
+                    b0 = mul_f16x2(dec_k(x, 2 * (s & 1)), sp)
+                    b1 = mul_f16x2(dec_k(x, 2 * (s & 1) + 1), sp)
                 elif kf == BF16:
                     b0 = kreg[u, 2 * s]
                     b1 = kreg[u, 2 * s + 1]
@@ -257,9 +239,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 pr = math.exp2(sv[u, i] - m_run)
                 l_run += pr
                 sv[u, i] = pr
-        shv = u32(4 * (gid & 3))
-        bsel = gid & 1
-        sel_i8 = u32(bsel | ((4 + bsel) << 4) | ((2 + bsel) << 8) | ((6 + bsel) << 12))
+        bsel = u32(gid >> 1)  # V: this lane's scale byte within word j >> 2
+        vsel = bsel | ((bsel + 4) << 4)
+        isel = gid & 1
+        sel_i8 = u32(isel | ((4 + isel) << 4) | ((2 + isel) << 8) | ((6 + isel) << 12))
         for v in range(NT2):
             p0 = sv[2 * v, 0]  # tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of the step
             p1 = sv[2 * v, 1]
@@ -272,37 +255,26 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 bb0 = pack_v(p0, p1)
                 bb1 = pack_v(p2, p3)
             for j in range(NS):
-                x0 = vreg[v, 0, j]
-                x1 = vreg[v, 1, j]
-                x2 = vreg[v, 2, j]
-                x3 = vreg[v, 3, j]
                 if V4:  # scales of tokens t0 | t1 (a0, a1) and t2 | t3 (a2, a3) into A
                     w = j >> 2
-                    bsh = u32(j & 3)
-                    sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], bsh | ((bsh + 4) << 4))
-                    sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], bsh | ((bsh + 4) << 4))
-                    z0 = prmt(x0 >> shv, x1 >> shv, 0x5410)  # nibble (gid&3) of t0 | t1
-                    z1 = prmt(x0 >> shv, x1 >> shv, 0x7632)  # nibble (gid&3)+4
-                    z2 = prmt(x2 >> shv, x3 >> shv, 0x5410)
-                    z3 = prmt(x2 >> shv, x3 >> shv, 0x7632)
-                    if vf == NVFP4:
-                        a0 = mul_f16x2(dec_e2m1(z0, 0), sp01)
-                        a1 = mul_f16x2(dec_e2m1(z1, 0), sp01)
-                        a2 = mul_f16x2(dec_e2m1(z2, 0), sp23)
-                        a3 = mul_f16x2(dec_e2m1(z3, 0), sp23)
-                    else:
-                        a0 = mul_f16x2(dec_iso3(z0, 0), sp01)
-                        a1 = mul_f16x2(dec_iso3(z1, 0), sp01)
-                        a2 = mul_f16x2(dec_iso3(z2, 0), sp23)
-                        a3 = mul_f16x2(dec_iso3(z3, 0), sp23)
+                    sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], vsel)
+                    sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], vsel)
+                    z0 = prmt(vreg[v, 0, w], vreg[v, 1, w], 0x5410)  # low halves: nibble j & 3
+                    z1 = prmt(vreg[v, 0, w], vreg[v, 1, w], 0x7632)  # high halves: nibble (j & 3) + 4
+                    z2 = prmt(vreg[v, 2, w], vreg[v, 3, w], 0x5410)
+                    z3 = prmt(vreg[v, 2, w], vreg[v, 3, w], 0x7632)
+                    a0 = mul_f16x2(dec_v(z0, j & 3), sp01)
+                    a1 = mul_f16x2(dec_v(z1, j & 3), sp01)
+                    a2 = mul_f16x2(dec_v(z2, j & 3), sp23)
+                    a3 = mul_f16x2(dec_v(z3, j & 3), sp23)
                 elif vf == BF16:
-                    a0 = prmt(x0, x1, 0x5410)
-                    a1 = prmt(x0, x1, 0x7632)
-                    a2 = prmt(x2, x3, 0x5410)
-                    a3 = prmt(x2, x3, 0x7632)
+                    a0 = prmt(vreg[v, 0, j], vreg[v, 1, j], 0x5410)
+                    a1 = prmt(vreg[v, 0, j], vreg[v, 1, j], 0x7632)
+                    a2 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x5410)
+                    a3 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x7632)
                 else:
-                    z01 = prmt(x0, x1, sel_i8)
-                    z23 = prmt(x2, x3, sel_i8)
+                    z01 = prmt(vreg[v, 0, j], vreg[v, 1, j], sel_i8)
+                    z23 = prmt(vreg[v, 2, j], vreg[v, 3, j], sel_i8)
                     a0 = dec_i8(z01, 0x5140)
                     a1 = dec_i8(z01, 0x7362)
                     a2 = dec_i8(z23, 0x5140)
@@ -331,7 +303,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         tig = lane & 3
         split = blk * NWARPS + warp
         hq0 = h * G
-        kc = f32(1.0) / gscale[0, h]
+        kc = KSC / gscale[0, h]
 
         L = pos0 + t + 1
         npages = (L + P - 1) // P
@@ -344,11 +316,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         qa0 = cuda.local.array(NS, np.uint32)
         qa1 = cuda.local.array(NS, np.uint32)
         for s in range(NS):
-            if K4:  # word 2s nibbles (tig, tig+4) | word 2s+1 nibbles (tig, tig+4)
-                d0 = 16 * s + tig
+            if K4:  # word tig * WPL + (s >> 1): nibbles (a, a + 4) in qa0, (a + 1, a + 5) in qa1
+                d0 = 8 * (tig * WPL + (s >> 1)) + 2 * (s & 1)
                 d1 = d0 + 4
-                d2 = d0 + 8
-                d3 = d0 + 12
+                d2 = d0 + 1
+                d3 = d0 + 5
             else:  # bf16/int8: dims 16s + 4tig + (0, 1 | 2, 3)
                 d0 = 16 * s + 4 * tig
                 d1 = d0 + 1
@@ -373,100 +345,34 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         m_run = _NEG_INF  # of row g = gid
         l_run = f32(0.0)  # this lane's share of row gid's sum
         kreg = cuda.local.array((NT, KW), np.uint32)
-        ksc = cuda.local.array((NT, SW), np.uint32)
+        ksc = cuda.local.array((NT, 2), np.uint32)
         krs = cuda.local.array((NT, 2), np.float32)
         sv = cuda.local.array((NT, 2), np.float32)
-        vreg = cuda.local.array((NT2, 4, NS), np.uint32)
+        vreg = cuda.local.array((NT2, 4, VW), np.uint32)
         vsc = cuda.local.array((NT2, 4, SW), np.uint32)
         vrs = cuda.local.array((NT2, 4), np.float32)
 
-        if S == 0:
-            for p in range(p_begin, p_end):
-                pk = i64(table[0, h, IX(p)])
-                pv = i64(table[1, h, IX(p)])
-                if pk < 0 or pv < 0:
-                    continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
-                nval = min(P, L - p * P)
-                for c0 in range(0, nval, CH):
-                    load_k_global(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
-                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
-                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, RWV, c0, nval - 1, tig, gid)
-                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
-        else:
-            if SIMULATED:  # (no alignment there; Numba prunes the branch on the GPU)
-                skc = cuda.shared.array(NKC, np.uint32)
-                svc = cuda.shared.array(NVC, np.uint32)
-            else:  # 16-byte copies need 16-byte aligned rows
-                skc = cuda.shared.array(NKC, np.uint32, alignment=16)  # [warp, stage, chunk row, RKP]
-                svc = cuda.shared.array(NVC, np.uint32, alignment=16)
-            sks = cuda.shared.array(NKS, KST)  # [warp, stage, chunk row, SWK]
-            svs = cuda.shared.array(NVS, VST)
-            ring0 = warp * S * CH  # this warp's first staged row
-            # producer cursor (pp, pc): the next chunk to stage; it runs S - 1 chunks ahead of
-            # the consumer (cp, cc). Both walk the pages' chunks in the same order.
-            pp = p_begin
-            pc = 0
-            for it in range(S - 1):
-                n = 0
-                pk = i64(-1)
-                pv = i64(-1)
-                if pp < p_end:
-                    pk = i64(table[0, h, IX(pp)])
-                    pv = i64(table[1, h, IX(pp)])
-                    if pk >= 0 and pv >= 0:
-                        n = min(CH, min(P, L - pp * P) - pc)
-                stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, pc, P,
-                      ring0 + it * CH, lane)
-                if pp < p_end:
-                    pc += CH
-                    if pc >= min(P, L - pp * P):
-                        pp += 1
-                        pc = 0
-            cp_ = p_begin
-            cc = 0
-            it = 0
-            while cp_ < p_end:
-                n = 0
-                pk = i64(-1)
-                pv = i64(-1)
-                if pp < p_end:
-                    pk = i64(table[0, h, IX(pp)])
-                    pv = i64(table[1, h, IX(pp)])
-                    if pk >= 0 and pv >= 0:
-                        n = min(CH, min(P, L - pp * P) - pc)
-                stage(k_words, k_scales, v_words, v_scales, skc, sks, svc, svs, pk, pv, n, pc, P,
-                      ring0 + ((it + S - 1) % S) * CH, lane)
-                if pp < p_end:
-                    pc += CH
-                    if pc >= min(P, L - pp * P):
-                        pp += 1
-                        pc = 0
-                wait_ring()  # this lane's copies of chunk `it` landed ...
-                cuda.syncwarp()  # ... and every lane's
-                nval = min(P, L - cp_ * P)
-                if table[0, h, IX(cp_)] >= 0 and table[1, h, IX(cp_)] >= 0:
-                    sb = ring0 + (it % S) * CH - cc  # staged row of the page's row r: sb + r
-                    load_k(skc, sks, kreg, ksc, krs, sb, RKP, cc, nval - 1, tig, gid)
-                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, cc, nval, tig)
-                    load_v(svc, svs, vreg, vsc, vrs, sb, RVP, cc, nval - 1, tig, gid)
-                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
-                cuda.syncwarp()  # the slot is restaged by the next iteration
-                cc += CH
-                if cc >= nval:
-                    cp_ += 1
-                    cc = 0
-                it += 1
-            wait_all()  # no copy outlives the kernel
+        for p in range(p_begin, p_end):
+            pk = i64(table[0, h, IX(p)])
+            pv = i64(table[1, h, IX(p)])
+            if pk < 0 or pv < 0:
+                continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
+            nval = min(P, L - p * P)
+            for c0 in range(0, nval, CH):
+                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
+                scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
         # ---------------- the warp's partial
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
         if V4:
-            vc = f32(1.0) / gscale[1, h]
+            vc = VSC / gscale[1, h]
         for j in range(NS):
             if V4:
-                dr = 16 * j + 8 * (gid >> 2) + (gid & 3)
+                dr = 8 * (gid + 8 * (j >> 2)) + (j & 3)
                 dr8 = dr + 4
             elif vf == BF16:
                 dr = 16 * j + 2 * gid
@@ -490,8 +396,8 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, stages: int = -1):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), int(stages))
+               u64: bool = True):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -514,10 +420,9 @@ def _ptx_signatures():
             (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
             (get_kernel(INT8, NVFP4, 4, 128, u64=False), kernel_sig(INT8, NVFP4)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, stages=0), kernel_sig(NVFP4, NVFP4)),
-            (get_kernel(ISO3, INT8, 2, 64, True, stages=2), kernel_sig(ISO3, INT8, True)),
-            (get_kernel(BF16, ISO3, 6, 256, stages=2), kernel_sig(BF16, ISO3)),
-            (get_kernel(BF16, BF16, 4, 64, stages=2), kernel_sig(BF16, BF16))]
+            (get_kernel(ISO3, INT8, 2, 64, True), kernel_sig(ISO3, INT8, True)),
+            (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),
+            (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3))]
     return out
 
 
