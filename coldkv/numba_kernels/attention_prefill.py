@@ -20,7 +20,7 @@ from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
     cp_async16_zfill, cp_async_wait_all, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
-    mul_f16x2, pack_bf16, pack_f16, prmt, sts4)
+    mul_f16x2, pack_bf16, pack_f16, prmt, sts4, SIMULATED)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 
@@ -787,6 +787,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     KPI = TH // NC  # key stride between a thread's items
     BUFW = CHB * RS
     SBW, SCH = 2 * BUFW, 2 * CHB  # shared array sizes (literal shapes)
+    SIM = SIMULATED
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]
     SW = D // 64
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
@@ -892,8 +893,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
     @jit
     def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
-        KS = cuda.shared.array(SBW, np.uint32)
-        VS = cuda.shared.array(SBW, np.uint32)
+        if SIM:  # the simulator refuses an alignment
+            KS = cuda.shared.array(SBW, np.uint32)
+            VS = cuda.shared.array(SBW, np.uint32)
+        else:  # ldmatrix / st.shared.v4 / cp.async need 16-byte aligned rows
+            KS = cuda.shared.array(SBW, np.uint32, alignment=16)
+            VS = cuda.shared.array(SBW, np.uint32, alignment=16)
         ksr = cuda.shared.array(SCH, np.float32)  # int8 row scales of the keys
         vsr = cuda.shared.array(SCH, np.float32)
         kval = cuda.shared.array(SCH, np.int32)  # key valid (read only in blocks with holes)
