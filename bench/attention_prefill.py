@@ -55,11 +55,11 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "nvfp4": (Q.NVFP4, Q.NVFP4)}
 PATHS = {"rows": {"kernel": "mma", "mma_prefill": "rows"}, "tok": {"kernel": "mma", "mma_prefill": False},
          "smem": {"kernel": "mma", "mma_prefill": "smem"},
          "smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
-         # FA2-style kernel (attention_prefill._build_prefill_fa; mma_mtiles=0 selects it under "smem")
-         "fa": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0},
-         "fa8": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "mma_warps": 8},
-         "fa@r168": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "max_registers": 168},
-         "fa8@r128": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "mma_warps": 8, "max_registers": 128}}
+         # FA2-style kernel (attention_prefill._build_prefill_fa), the auto default since 6390c47
+         "fa": {"kernel": "mma", "mma_prefill": "fa"},
+         "fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
+         "fa@r168": {"kernel": "mma", "mma_prefill": "fa", "max_registers": 168},
+         "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

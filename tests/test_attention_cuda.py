@@ -102,9 +102,9 @@ def _kernel_kw(kernel):
             "mma_rows": {"kernel": "mma", "mma_prefill": "rows"},
             "mma_smem": {"kernel": "mma", "mma_prefill": "smem"},
             "mma_smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
-            # the "fa" prefill kernel (same launch as "smem"; mma_mtiles=0 selects it, see get_prefill_kernel)
-            "mma_fa": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0},
-            "mma_fa8": {"kernel": "mma", "mma_prefill": "smem", "mma_mtiles": 0, "mma_warps": 8},
+            # the "fa" prefill kernel (FA2-style shared tiles, the auto default)
+            "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
+            "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4}}.get(kernel, {"kernel": kernel})
 
 

@@ -400,20 +400,22 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     return attn_kernel
 
 
-RED_WARPS = 16
+RED_WARPS = 8
 REDUCE_THREADS = 32 * RED_WARPS
+_RED_UNROLL = 4
 _MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
-_RED_COLS = 32 * _MAX_DW
 
 
 @cuda.jit
 def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
-    One block per row. Warp w merges splits w, w + RED_WARPS, .. with an online max (lane owns
-    dims lane + 32 j), then the RED_WARPS warp results are merged through shared memory. (The
-    first version looped over all splits in one thread per dim: at 256-512 splits its dependent
-    L2 round trips cost 100-400 us, see docs/kernels.md.)"""
+    Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. The row max over all
+    splits comes first (independent loads, block max), so each warp's splits w, w + RED_WARPS, ..
+    are then merged with fixed weights exp2(m - max): _RED_UNROLL splits' loads are issued before
+    any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
+    over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
+    was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels.md.)"""
     T, Hq, D = out.shape
     r = cuda.blockIdx.x
     t = r // Hq
@@ -421,49 +423,52 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     tid = cuda.threadIdx.x
     w = tid // 32
     lane = tid % 32
+    d = 32 * cuda.blockIdx.y + lane
+    dd = min(d, D - 1)
     sm_m = cuda.shared.array(RED_WARPS, np.float32)
-    sm_l = cuda.shared.array(RED_WARPS, np.float32)
-    sm_acc = cuda.shared.array((RED_WARPS, _RED_COLS), np.float32)
-    ndw = D // 32
-    num = cuda.local.array(_MAX_DW, np.float32)
-    for j in range(_MAX_DW):
-        num[j] = np.float32(0.0)
+    sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
+    sm_den = cuda.shared.array(RED_WARPS, np.float32)
     M = _NEG_INF
-    den = np.float32(0.0)
-    for s in range(w, n_splits, RED_WARPS):
-        m = ws_ml[s, t, hq, 0]
-        if m > _NEG_INF:
-            if m > M:
-                f = math.exp2(M - m)
-                den *= f
-                for j in range(_MAX_DW):
-                    num[j] *= f
-                M = m
-            wt = math.exp2(m - M)
-            den += wt * ws_ml[s, t, hq, 1]
-            for j in range(_MAX_DW):
-                if j < ndw:
-                    num[j] += wt * ws_acc[s, t, hq, lane + 32 * j]
+    for s in range(tid, n_splits, REDUCE_THREADS):
+        M = max(M, ws_ml[s, t, hq, 0])
+    for o in (16, 8, 4, 2, 1):
+        M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, o))
     if lane == 0:
         sm_m[w] = M
-        sm_l[w] = den
-    for j in range(_MAX_DW):
-        if j < ndw:
-            sm_acc[w, lane + 32 * j] = num[j]
     cuda.syncthreads()
-    for d in range(tid, D, REDUCE_THREADS):
-        Mg = _NEG_INF
-        for w2 in range(RED_WARPS):
-            Mg = max(Mg, sm_m[w2])
+    Mg = _NEG_INF
+    for w2 in range(RED_WARPS):
+        Mg = max(Mg, sm_m[w2])
+    num = np.float32(0.0)
+    den = np.float32(0.0)
+    last = n_splits - 1
+    for s0 in range(w, n_splits, RED_WARPS * _RED_UNROLL):
+        for u in range(_RED_UNROLL):
+            s = s0 + u * RED_WARPS
+            sc = min(s, last)  # unconditional loads: all U are in flight before the first use
+            m = ws_ml[sc, t, hq, 0]
+            lsum = ws_ml[sc, t, hq, 1]
+            a = ws_acc[sc, t, hq, dd]
+            if s <= last and m > _NEG_INF:  # -inf: an empty split (its acc may be unwritten)
+                wt = math.exp2(m - Mg)
+                den += wt * lsum
+                num += wt * a
+    sm_num[w, lane] = num
+    if lane == 0:
+        sm_den[w] = den
+    cuda.syncthreads()
+    if w == 0 and d < D:
         nsum = np.float32(0.0)
         dsum = np.float32(0.0)
         for w2 in range(RED_WARPS):
-            mw = sm_m[w2]
-            if mw > _NEG_INF:
-                f = math.exp2(mw - Mg)
-                nsum += f * sm_acc[w2, d]
-                dsum += f * sm_l[w2]
+            nsum += sm_num[w2, lane]
+            dsum += sm_den[w2]
         out[t, hq, d] = nsum / dsum
+
+
+def _reduce(ws_acc, ws_ml, splits, out, stream):
+    T, Hq, D = out.shape
+    _reduce_kernel[(T * Hq, -(-D // 32)), REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
 
 
 _KERNELS: dict = {}
@@ -549,11 +554,11 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128), (NVFP4, NVFP4, 4, 128): (0, 128), 
 
 def _prefill_auto(kf, vf):
     """(prefill kernel, warps per block) that kernel="auto" runs for T > 1 (paged_attention_cuda's
-    mma_prefill / mma_warps). H200, fdbb10e, T=2048 (bench/results/attention_prefill_T2048.json):
-    4-bit K: "smem" with 8 warps (one decode in shared memory serves 128 rows) beat "rows" at every
-    context (nvfp4 131072: 48.0 vs 64.3 ms); bf16 K: "rows" (53.8 vs 74.3 ms; nothing to decode, so
-    sharing buys less than the barriers cost). int8 was not measured: "rows"."""
-    return ("smem", 8) if kf in (NVFP4, ISO3) else ("rows", NWARPS)
+    mma_prefill / mma_warps). H200, 6390c47, T=2048, 32/8/128 (bench/results/attention_prefill_T2048.json):
+    "fa" (FA2-style shared, double-buffered K/V tiles) beat "rows" and "smem8" at every context:
+    131072 tokens bf16 31.8 ms (rows 55.1, smem8 75.5), nvfp4 39.9 ms (rows 65.1, smem8 48.3); 8 warps
+    measured the same as 4. int8/iso3 were not timed; they share the 4-bit/int8 decode-to-shared path."""
+    return ("fa", NWARPS)
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
@@ -609,7 +614,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
     (`_prefill_auto`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
     decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
-    decode in shared memory), False = the decode kernel (one token per warp, the previous path);
+    decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles), False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps /
     tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
@@ -642,7 +647,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
-        smem = prefill == "smem"
+        smem = {"smem": True, "fa": "fa"}.get(prefill, False)
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
         # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
         nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block)
@@ -653,7 +658,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
         kern[(nqb, splits, H), 32 * mma_warps if smem else THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                                 _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
-        _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
+        _reduce(ws_acc, ws_ml, splits, out, stream)
         return out
     _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
     splits = nblk * NWARPS
@@ -671,7 +676,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         ksc, vsc = _flat(k_scales), _flat(v_scales)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                         _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
-    _reduce_kernel[T * Hq, REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
+    _reduce(ws_acc, ws_ml, splits, out, stream)
     return out
 
 

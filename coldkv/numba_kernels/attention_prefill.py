@@ -1192,10 +1192,7 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, m
     """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
     `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys), or
     smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles). The "smem" and "fa"
-    kernels have the same launch (grid, 32 `warps` threads); until attention_cuda names "fa",
-    paged_attention_cuda(mma_prefill="smem", mma_mtiles=0) reaches it (mt is unused by "smem")."""
-    if smem is True and int(mt) == 0:
-        smem = "fa"
+    kernels have the same launch (grid, 32 `warps` threads)."""
     if smem != "fa":
         smem = bool(smem)
     if smem == "fa":
