@@ -400,8 +400,7 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     return attn_kernel
 
 
-RED_WARPS = 8
-REDUCE_THREADS = 32 * RED_WARPS
+RED_WARPS = 16  # at most; one warp per _RED_UNROLL splits
 _RED_UNROLL = 4
 _MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
 
@@ -411,7 +410,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
     Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. The row max over all
-    splits comes first (independent loads, block max), so each warp's splits w, w + RED_WARPS, ..
+    splits comes first (independent loads, block max), so each warp's splits w, w + warps, ..
     are then merged with fixed weights exp2(m - max): _RED_UNROLL splits' loads are issued before
     any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
     over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
@@ -423,13 +422,14 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     tid = cuda.threadIdx.x
     w = tid // 32
     lane = tid % 32
+    nw = cuda.blockDim.x // 32  # <= RED_WARPS (fewer when there are few splits)
     d = 32 * cuda.blockIdx.y + lane
     dd = min(d, D - 1)
     sm_m = cuda.shared.array(RED_WARPS, np.float32)
     sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
     sm_den = cuda.shared.array(RED_WARPS, np.float32)
     M = _NEG_INF
-    for s in range(tid, n_splits, REDUCE_THREADS):
+    for s in range(tid, n_splits, cuda.blockDim.x):
         M = max(M, ws_ml[s, t, hq, 0])
     for o in (16, 8, 4, 2, 1):
         M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, o))
@@ -437,22 +437,26 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
         sm_m[w] = M
     cuda.syncthreads()
     Mg = _NEG_INF
-    for w2 in range(RED_WARPS):
+    for w2 in range(nw):
         Mg = max(Mg, sm_m[w2])
     num = np.float32(0.0)
     den = np.float32(0.0)
     last = n_splits - 1
-    for s0 in range(w, n_splits, RED_WARPS * _RED_UNROLL):
+    rm = cuda.local.array(_RED_UNROLL, np.float32)  # constant indices after unrolling: registers
+    rl = cuda.local.array(_RED_UNROLL, np.float32)
+    ra = cuda.local.array(_RED_UNROLL, np.float32)
+    for s0 in range(w, n_splits, nw * _RED_UNROLL):
+        for u in range(_RED_UNROLL):  # all loads first, straight-line: U splits in flight
+            sc = min(s0 + u * nw, last)
+            rm[u] = ws_ml[sc, t, hq, 0]
+            rl[u] = ws_ml[sc, t, hq, 1]
+            ra[u] = ws_acc[sc, t, hq, dd]
         for u in range(_RED_UNROLL):
-            s = s0 + u * RED_WARPS
-            sc = min(s, last)  # unconditional loads: all U are in flight before the first use
-            m = ws_ml[sc, t, hq, 0]
-            lsum = ws_ml[sc, t, hq, 1]
-            a = ws_acc[sc, t, hq, dd]
-            if s <= last and m > _NEG_INF:  # -inf: an empty split (its acc may be unwritten)
-                wt = math.exp2(m - Mg)
-                den += wt * lsum
-                num += wt * a
+            # selects, not branches; -inf: an empty split (its acc may be unwritten)
+            ok = s0 + u * nw <= last and rm[u] > _NEG_INF
+            wt = math.exp2(rm[u] - Mg) if ok else np.float32(0.0)
+            den += wt * rl[u] if ok else np.float32(0.0)
+            num += wt * ra[u] if ok else np.float32(0.0)
     sm_num[w, lane] = num
     if lane == 0:
         sm_den[w] = den
@@ -460,7 +464,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     if w == 0 and d < D:
         nsum = np.float32(0.0)
         dsum = np.float32(0.0)
-        for w2 in range(RED_WARPS):
+        for w2 in range(nw):
             nsum += sm_num[w2, lane]
             dsum += sm_den[w2]
         out[t, hq, d] = nsum / dsum
@@ -468,7 +472,8 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
 
 def _reduce(ws_acc, ws_ml, splits, out, stream):
     T, Hq, D = out.shape
-    _reduce_kernel[(T * Hq, -(-D // 32)), REDUCE_THREADS, stream](ws_acc, ws_ml, splits, out)
+    warps = min(RED_WARPS, -(-int(splits) // _RED_UNROLL))
+    _reduce_kernel[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out)
 
 
 _KERNELS: dict = {}
