@@ -208,6 +208,7 @@ def test_prefill_chunk_causal(T, L):
     ("mma", "iso3", "nvfp4", 4, 64, 1, 37, 16),
     ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
     ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
+    ("mma", "nvfp4", "int8", 4, 64, 1, 300, 8),  # several blocks; warps merged per block, some empty
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles

@@ -666,7 +666,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         _reduce(ws_acc, ws_ml, splits, out, stream)
         return out
     _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
-    splits = nblk * NWARPS
+    splits = nblk if use_mma else nblk * NWARPS  # the tensor-core kernel merges its warps per block
     ws_acc, ws_ml = ws.views(splits, T)
     if use_mma:
         from coldkv.numba_kernels import attention_mma

@@ -1,7 +1,8 @@
 """Tensor-core decode/prefill attention over the paged, mixed-format KV cache (GPU only).
 
-Same contract, grid, split plan, workspace and reduction as attention_cuda (one warp = one split
-of a (query token, kv head); the G <= 8 q heads of the kv group share every page read), but both
+Same contract, grid, split plan and reduction as attention_cuda (one warp = one page range of a
+(query token, kv head); the G <= 8 q heads of the kv group share every page read; the block's
+warps merge their partials in shared memory, so the workspace has one split per block), but both
 products run on `mma.sync.aligned.m16n8k16` (inline PTX; Numba has no WMMA API) with fp32
 accumulation, and codes are decoded straight from registers into 16-bit operand pairs:
 
@@ -112,6 +113,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
     VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
+    SMA, SMM = NWARPS * G * D, NWARPS * G * 2  # shared sizes of the block merge
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
     IX = np.uint64 if u64 else np.int64
@@ -364,7 +366,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
-        # ---------------- the warp's partial
+        # ---------------- the block's partial: the NWARPS warps' (m, l, acc) merged in shared
+        # memory, so the workspace holds one split per block (4x fewer for the reduce kernel)
+        sm_acc = cuda.shared.array(SMA, np.float32)  # [warp, g, d]
+        sm_ml = cuda.shared.array(SMM, np.float32)  # [warp, g, (m, l)]
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
@@ -383,11 +388,30 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             for i in range(2):
                 g = 2 * tig + i
                 if g < G:
-                    ws_acc[split, t, hq0 + g, dr] = acc[j, i] * vc
-                    ws_acc[split, t, hq0 + g, dr8] = acc[j, 2 + i] * vc
+                    sm_acc[(warp * G + g) * D + dr] = acc[j, i] * vc
+                    sm_acc[(warp * G + g) * D + dr8] = acc[j, 2 + i] * vc
         if tig == 0 and gid < G:
-            ws_ml[split, t, hq0 + gid, 0] = m_run
-            ws_ml[split, t, hq0 + gid, 1] = l_run
+            sm_ml[2 * (warp * G + gid)] = m_run
+            sm_ml[2 * (warp * G + gid) + 1] = l_run
+        cuda.syncthreads()
+        for e in range(tid, G * D, THREADS):
+            g = e // D
+            d = e - g * D
+            M = _NEG_INF
+            for w in range(NWARPS):
+                M = max(M, sm_ml[2 * (w * G + g)])
+            num = f32(0.0)
+            den = f32(0.0)
+            for w in range(NWARPS):
+                mw = sm_ml[2 * (w * G + g)]
+                if mw > _NEG_INF:  # -inf: a warp without pages (its l and acc are 0)
+                    f = math.exp2(mw - M)
+                    num += f * sm_acc[(w * G + g) * D + d]
+                    den += f * sm_ml[2 * (w * G + g) + 1]
+            ws_acc[blk, t, hq0 + g, d] = num
+            if d == 0:
+                ws_ml[blk, t, hq0 + g, 0] = M
+                ws_ml[blk, t, hq0 + g, 1] = den
 
     return attn_mma
 
