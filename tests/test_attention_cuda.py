@@ -224,6 +224,29 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     check(*res)
 
 
+def test_plan_len_adds_only_empty_splits():
+    """A launch planned for a longer cache (plan_len: what the backend's captured prefill and
+    decode graphs do) has more splits, all past the end empty; the reduce must give bitwise the
+    result of the launch planned for the actual length (the backend's per-chunk forward), not one
+    summed in another order."""
+    kf = vf = Q.NVFP4
+    G, H, D, P, L, T = 2, 1, 64, 8, 40, 1  # 5 pages: one page per split in both plans
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 5)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    q = cuda.to_device(np.random.default_rng(6).standard_normal((T, G * H, D)).astype(np.float32))
+    got = []
+    for plan_len in (L, 80):
+        ws = A.AttentionWorkspace(64, T, G * H, D)
+        ws.n_sm = 8  # several splits at this length
+        out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+        A.paged_attention_cuda(q, out, L - T, 1 / math.sqrt(D), kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4],
+                               dev[5], ws, plan_len=plan_len)
+        got.append(out.copy_to_host())
+    assert A.plan_splits(T, H, 80, P, 8, 64)[1] > A.plan_splits(T, H, L, P, 8, 64)[1]
+    np.testing.assert_array_equal(got[0], got[1])
+
+
 @SIM_SLOW
 def test_many_splits_share_a_workspace():
     """Several warps/blocks per head (tiny ppw) and a workspace reused across calls."""
