@@ -208,7 +208,7 @@ def test_prefill_chunk_causal(T, L):
     ("mma", "iso3", "nvfp4", 4, 64, 1, 37, 16),
     ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
     ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
-    ("mma", "nvfp4", "int8", 4, 64, 1, 300, 8),  # several blocks; warps merged per block, some empty
+    ("mma", "nvfp4", "int8", 4, 64, 1, 120, 8),  # 4 blocks, warps merged per block, one warp empty
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
@@ -224,27 +224,34 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     check(*res)
 
 
-def test_plan_len_adds_only_empty_splits():
+def test_reduce_empty_splits_change_nothing(monkeypatch):
     """A launch planned for a longer cache (plan_len: what the backend's captured prefill and
-    decode graphs do) has more splits, all past the end empty; the reduce must give bitwise the
-    result of the launch planned for the actual length (the backend's per-chunk forward), not one
-    summed in another order."""
-    kf = vf = Q.NVFP4
-    G, H, D, P, L, T = 2, 1, 64, 8, 40, 1  # 5 pages: one page per split in both plans
-    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 5)
-    (kc, ks), (vc, vs) = pools
-    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
-    q = cuda.to_device(np.random.default_rng(6).standard_normal((T, G * H, D)).astype(np.float32))
-    got = []
-    for plan_len in (L, 80):
-        ws = A.AttentionWorkspace(64, T, G * H, D)
-        ws.n_sm = 8  # several splits at this length
-        out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
-        A.paged_attention_cuda(q, out, L - T, 1 / math.sqrt(D), kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4],
-                               dev[5], ws, plan_len=plan_len)
-        got.append(out.copy_to_host())
-    assert A.plan_splits(T, H, 80, P, 8, 64)[1] > A.plan_splits(T, H, L, P, 8, 64)[1]
-    np.testing.assert_array_equal(got[0], got[1])
+    decode graphs do) has more splits, the extra ones past the end empty (m = -inf, acc never
+    written). The merge must give bitwise the result without them (the backend's per-chunk
+    forward), not one summed in another order, and == the float64 merge. 4 reduce warps here (1
+    in the other simulator tests), so a warp count taken from the split count (2 vs 3 warps for
+    8 vs 12 splits) would change the order."""
+    monkeypatch.setattr(A, "_SIM_MAX_WARPS", 4)
+    rng = np.random.default_rng(3)
+    T, Hq, D, n = 1, 2, 64, 8
+    m = rng.uniform(-4, 4, (n, T, Hq)).astype(np.float32)
+    lsum = rng.uniform(0.5, 3, (n, T, Hq)).astype(np.float32)
+    acc = rng.standard_normal((n, T, Hq, D)).astype(np.float32)
+    m[2, 0, 1], lsum[2, 0, 1], acc[2, 0, 1] = -np.inf, 0.0, 0.0  # an empty split among the others
+    w = np.exp2(m.astype(np.float64) - m.max(axis=0))
+    ref = (w[..., None] * acc).sum(axis=0) / (w * lsum).sum(axis=0)[..., None]
+    outs = []
+    for N in (n, n + 4):
+        ml = np.zeros((N, T, Hq, 2), np.float32)
+        ml[:, :, :, 0] = -np.inf
+        ml[:n, :, :, 0], ml[:n, :, :, 1] = m, lsum
+        a = np.full((N, T, Hq, D), np.nan, np.float32)  # empty splits' acc: unwritten
+        a[:n] = acc
+        out = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
+        A._reduce(cuda.to_device(a), cuda.to_device(ml), N, out, 0)
+        outs.append(out.copy_to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-6)
 
 
 @SIM_SLOW

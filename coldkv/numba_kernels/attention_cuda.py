@@ -470,12 +470,23 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
         out[t, hq, d] = nsum / dsum
 
 
-def _reduce(ws_acc, ws_ml, splits, out, stream):
-    """The warp count depends on the rows only, never on `splits`: a launch planned for a longer
-    cache (device-position / capacity planning) adds empty splits, which then add exact zeros in
-    the same order, so its result is bitwise that of a launch planned for the actual length."""
-    T, Hq, D = out.shape
+_SIM_MAX_WARPS = 1  # the simulator runs a Python thread per GPU thread: the same kernel, fewer warps
+
+
+def _reduce_warps(T: int, Hq: int) -> int:
+    """Warps per reduce block: from the rows only, never from the split count. A launch planned
+    for a longer cache (device-position / capacity planning) adds empty splits, which then add
+    exact zeros in the same order, so its result is bitwise that of a launch planned for the
+    actual length (the backend's captured prefill == its per-chunk forward)."""
+    from numba import config
+
     warps = RED_WARPS if T * Hq <= 256 else 2  # decode: 16 warps; prefill chunks (few splits): 2
+    return min(warps, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else warps
+
+
+def _reduce(ws_acc, ws_ml, splits, out, stream):
+    T, Hq, D = out.shape
+    warps = _reduce_warps(T, Hq)
     _reduce_kernel[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out)
 
 
