@@ -422,7 +422,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     tid = cuda.threadIdx.x
     w = tid // 32
     lane = tid % 32
-    nw = cuda.blockDim.x // 32  # <= RED_WARPS (fewer when there are few splits)
+    nw = cuda.blockDim.x // 32  # _reduce_warps: from the rows, never from n_splits
     d = 32 * cuda.blockIdx.y + lane
     dd = min(d, D - 1)
     sm_m = cuda.shared.array(RED_WARPS, np.float32)
@@ -633,7 +633,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
     (`_prefill_auto`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
     decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
-    decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles), False = the decode kernel (one token per warp, the previous path);
+    decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles),
+    False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps /
     tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
