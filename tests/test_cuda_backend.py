@@ -101,7 +101,20 @@ def test_bundled_equals_cpu(bundled, name):
     print(f"\n{name}: CPU {a.text!r} CUDA {b.text!r}; CUDA-CPU logits max-abs {diff:.3g}, e_ref {ref['e_ref']:.3g}, "
           f"table vs bf16 KV on the CPU {own:.3g} (std {lc.std():.2f})")
     assert diff <= 2 * (ref["e_ref"] + own)
-    assert a.tokens == b.tokens
+    _same_greedy_unless_tied(cpu, table, prompt, a.tokens, b.tokens, diff)
+
+
+def _same_greedy_unless_tied(cpu, table, prompt, ours_cpu, ours_cuda, tol):
+    """Free-running greedy tokens are identical, except that they may part at a near-tie: where the
+    CPU's own logits put the two choices within 2 tol (at e3f72ab the bundled bf16 run parts at
+    step 13, where the CPU's top-2 margin is 0.0099 and CUDA-CPU logits differ by up to 0.063)."""
+    k = next((i for i, (x, y) in enumerate(zip(ours_cpu, ours_cuda)) if x != y), None)
+    if k is None:
+        assert len(ours_cpu) == len(ours_cuda)
+        return
+    lg = _teacher_forced(cpu, table, prompt + ours_cpu, len(prompt))[k]
+    gap = float(lg[ours_cpu[k]] - lg[ours_cuda[k]])
+    assert gap <= 2 * tol, f"greedy tokens part at step {k} where the CPU margin {gap:.3g} > 2 x {tol:.3g}"
 
 
 def test_bundled_matches_hf_on_cuda(bundled):
