@@ -53,11 +53,16 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # The default rows run kernel="auto" (the tensor-core kernel, attention_mma, uint64 indices, its
 # `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
 # the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register
-# cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks.
+# cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks, "@p" software-pipelined
+# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off (where it is the default).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
-       "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4}}
+       "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
+       "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
+       "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
+       "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("nvfp4", "r0"), ("nvfp4", "t4"), ("int8", "r128"), ("bf16", "t4")]}
+    ("nvfp4", "p"), ("nvfp4", "p128"), ("int8", "p"), ("int8", "p128"), ("bf16", "p"), ("iso3", "p"),
+    ("nvfp4", "pN")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
@@ -398,7 +403,7 @@ def main():
                     rec.update({"coldkv_us": t, "enqueue_us": cpu, "kv_bytes": b, "coldkv_TBps": b / t / 1e6,
                                 "speedup": t_sdpa / t,
                                 "frac_copy_bw": b / t / 1e6 / doc["copy"]["torch_copy_TBps"],
-                                "splits": A.plan_splits(1, H, L, P, c.ws.n_sm, c.ws.max_splits)})
+                                })
                     if "coldkv_graph_us" in rec:
                         tg = rec["coldkv_graph_us"]
                         rec["frac_copy_bw_graph"] = b / tg / 1e6 / doc["copy"]["torch_copy_TBps"]

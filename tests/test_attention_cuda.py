@@ -105,7 +105,8 @@ def _kernel_kw(kernel):
             # the "fa" prefill kernel (FA2-style shared tiles, the auto default)
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
-            "mma_t4": {"kernel": "mma", "mma_tiles": 4}}.get(kernel, {"kernel": kernel})
+            "mma_t4": {"kernel": "mma", "mma_tiles": 4},
+            "mma_pipe": {"kernel": "mma", "mma_pipe": True}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -209,6 +210,8 @@ def test_prefill_chunk_causal(T, L):
     ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
     ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
     ("mma", "nvfp4", "int8", 4, 64, 1, 120, 8),  # 4 blocks, warps merged per block, one warp empty
+    ("mma_pipe", "int8", "iso3", 2, 64, 1, 134, 32),  # software-pipelined: 2 chunks per page, part pages
+    ("mma_pipe", "bf16", "nvfp4", 4, 64, 1, 45, 8),  # pages shorter than a chunk
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
@@ -222,6 +225,28 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=1, P=P, seed=T + L,
                    ws=A.AttentionWorkspace(16, T, G, D), kernel=kernel)
     check(*res)
+
+
+def test_pipelined_decode_equals_plain_with_unallocated_pages():
+    """The software-pipelined decode loop (mma_pipe) walks the same chunks in the same order as the
+    plain one, skipping unallocated (-1) pages: bitwise equal outputs, holes and a part page included."""
+    kf, vf, G, D, L, P, H = Q.NVFP4, Q.INT8, 2, 64, 150, 16, 1
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 3)
+    table = table.copy()
+    table[0, 0, 2] = -1  # K page missing
+    table[1, 0, 5] = -1  # V page missing
+    q = np.random.default_rng(4).standard_normal((1, G * H, D)).astype(np.float32)
+    (kc, ks), (vc, vs) = pools
+    outs = []
+    for pipe in (False, True):
+        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
+        A.paged_attention_cuda(cuda.to_device(q), out, L - 1, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
+                               vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
+                               cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
+                               kernel="mma", mma_pipe=pipe)
+        outs.append(out.copy_to_host())
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
 
 
 def test_reduce_empty_splits_change_nothing(monkeypatch):
@@ -322,6 +347,11 @@ def test_plan_splits():
     ppw, nblk = A.plan_splits(512, 8, 4096, 64, 132, 4096)
     assert nblk == 1 and ppw == 16
     assert A.plan_splits(1, 1, 6400, 64, 132, 8) == (13, 2)  # capped by the workspace
+    # one wave of a kernel that fits 3 blocks per SM (396): 47 blocks of 11 pages per kv head,
+    # not the 64 x 8 = 512 blocks (1.3 waves) of the 16-warps-per-SM rule
+    ppw, nblk = A.plan_splits(1, 8, 131072, 64, 132, 4096, resident=3 * 132)
+    assert (ppw, nblk) == (11, 47) and nblk * 8 <= 396 and ppw * nblk * A.NWARPS >= 2048
+    assert A.plan_splits(1, 8, 131072, 64, 132, 4096, resident=4 * 132)[1] * 8 <= 528
 
 
 def test_workspace_limits():
@@ -361,7 +391,7 @@ def _sdpa(q, kd, vd, pos0, sm):
     return o[0].permute(1, 0, 2).cpu().numpy()
 
 
-KERNELS = ["fma", "mma"]
+KERNELS = ["fma", "mma", "mma_pipe"]
 
 
 @pytest.mark.gpu

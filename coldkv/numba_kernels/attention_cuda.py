@@ -512,10 +512,15 @@ def _sm_count() -> int:
         return 4
 
 
-def plan_splits(T: int, H: int, L_max: int, P: int, n_sm: int, max_splits: int):
-    """(pages per warp, blocks per (t, kv head)): about 16 warps per SM over the whole grid."""
+def plan_splits(T: int, H: int, L_max: int, P: int, n_sm: int, max_splits: int, resident: int = 0):
+    """(pages per warp, blocks per (t, kv head)): about 16 warps per SM over the whole grid, or,
+    given `resident` (blocks of the kernel that fit on the GPU at once), at most one such wave:
+    a grid of 1.3 waves costs two."""
     npages = max(1, -(-L_max // P))
-    want_blocks = max(1, -(-(n_sm * 16) // (NWARPS * T * H)))
+    if resident:
+        want_blocks = max(1, resident // (T * H))
+    else:
+        want_blocks = max(1, -(-(n_sm * 16) // (NWARPS * T * H)))
     want_blocks = min(want_blocks, max(1, max_splits // NWARPS))
     ppw = max(1, -(-npages // (want_blocks * NWARPS)))
     nwarps = -(-npages // ppw)
@@ -563,12 +568,12 @@ def _cold_in_range(table, n_pages: int) -> bool:
     return bool((t[:, :, :n_pages] <= -2).any())
 
 
-# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers) where a measured variant beat the default:
+# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe) where a measured variant beat the default:
 # H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
 # 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
 # (bench/results/attention_decode_variants_cc0384c.json). int8 compiles to 128 registers uncapped.
-_MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128), (NVFP4, NVFP4, 4, 128): (0, 128), (ISO3, ISO3, 4, 128): (0, 128),
-              (NVFP4, ISO3, 4, 128): (0, 128)}
+_MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128, False), (NVFP4, NVFP4, 4, 128): (0, 128, False),
+              (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
 def _prefill_auto(kf, vf):
@@ -588,6 +593,23 @@ def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_spli
     npages = max(1, -(-L_max // P))
     want = -(-(n_sm * 4) // (nqb * H))
     return nqb, max(1, min(want, max_splits, npages))
+
+
+_RESIDENT: dict = {}
+
+
+def _resident_blocks(kern, sig: str) -> int:
+    """Blocks of THREADS threads of `kern` that are resident on the whole GPU at once (its
+    registers and shared memory per SM x SMs), compiled for `sig` to find out; 0 (no limit known)
+    under the simulator."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return 0
+    key = (id(kern), sig)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = int(kern.compile(sig).max_cooperative_grid_blocks(THREADS))
+    return _RESIDENT[key]
 
 
 def _use_mma(kernel: str, kf, vf, G, D) -> bool:
@@ -613,7 +635,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None):
+                         mma_warps=None, mma_pipe=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -636,8 +658,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles),
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
-    default since it measured faster) / mma_mtiles (m-tiles per warp of "rows") / mma_warps /
-    tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
+    default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
+    mma_mtiles (m-tiles per warp of "rows") / mma_warps / tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -680,20 +702,22 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                                                 _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
         _reduce(ws_acc, ws_ml, splits, out, stream)
         return out
-    _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
-    splits = nblk if use_mma else nblk * NWARPS  # the tensor-core kernel merges its warps per block
-    ws_acc, ws_ml = ws.views(splits, T)
     if use_mma:
         from coldkv.numba_kernels import attention_mma
 
-        if not mma_tiles and max_registers is None:
-            mma_tiles, max_registers = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None))
-        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64)
+        if not mma_tiles and max_registers is None and mma_pipe is None:
+            mma_tiles, max_registers, mma_pipe = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False))
+        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, bool(mma_pipe))
+        _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
+                              _resident_blocks(kern, attention_mma.kernel_sig(k_fmt, v_fmt, devpos)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:
+        _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits)
         kern = get_kernel(k_fmt, v_fmt, G, D, max_registers, devpos)
         ksc, vsc = _flat(k_scales), _flat(v_scales)
+    splits = nblk if use_mma else nblk * NWARPS  # the tensor-core kernel merges its warps per block
+    ws_acc, ws_ml = ws.views(splits, T)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                         _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
     _reduce(ws_acc, ws_ml, splits, out, stream)

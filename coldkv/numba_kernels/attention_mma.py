@@ -88,7 +88,8 @@ def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
-def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True):
+def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
+           pipe: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -113,6 +114,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
     VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
+    PIPE = bool(pipe)
     SMA, SMM = NWARPS * G * D, NWARPS * G * 2  # shared sizes of the block merge
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
@@ -288,6 +290,14 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 acc[j, 3] = r3
         return m_run, l_run
 
+    @cuda.jit(device=True, inline=True)
+    def next_page(table, h, p, p_end):
+        """The first page >= p (< p_end) with both K and V allocated: -1 unallocated, <= -2 a cold
+        slot (not decoded here yet); p_end if none."""
+        while p < p_end and (table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0):
+            p += 1
+        return p
+
     jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
 
     @jit
@@ -354,17 +364,57 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         vsc = cuda.local.array((NT2, 4, SW), np.uint32)
         vrs = cuda.local.array((NT2, 4), np.float32)
 
-        for p in range(p_begin, p_end):
-            pk = i64(table[0, h, IX(p)])
-            pv = i64(table[1, h, IX(p)])
-            if pk < 0 or pv < 0:
-                continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
-            nval = min(P, L - p * P)
-            for c0 in range(0, nval, CH):
-                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
+        if PIPE:
+            # Software-pipelined: a chunk's K words are loaded while the previous chunk's softmax and
+            # V product run, its V words while its own K product runs (each into registers the
+            # previous use just freed), so a warp's own work covers its load latency.
+            p = next_page(table, h, p_begin, p_end)
+            pk = i64(0)
+            pv = i64(0)
+            nval = 0
+            if p < p_end:
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                nval = min(P, L - p * P)
+                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid)
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid)
+            c0 = 0
+            while p < p_end:
                 scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
-                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
+                c1 = c0 + CH
+                p1 = p
+                pk1 = pk
+                pv1 = pv
+                nval1 = nval
+                if c1 >= nval:
+                    c1 = 0
+                    p1 = next_page(table, h, p + 1, p_end)
+                    if p1 < p_end:
+                        pk1 = i64(table[0, h, IX(p1)])
+                        pv1 = i64(table[1, h, IX(p1)])
+                        nval1 = min(P, L - p1 * P)
+                if p1 < p_end:
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid)
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                if p1 < p_end:
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid)
+                p = p1
+                c0 = c1
+                pk = pk1
+                pv = pv1
+                nval = nval1
+        else:
+            for p in range(p_begin, p_end):
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                if pk < 0 or pv < 0:
+                    continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
+                nval = min(P, L - p * P)
+                for c0 in range(0, nval, CH):
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
+                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
+                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
         # ---------------- the block's partial: the NWARPS warps' (m, l, acc) merged in shared
         # memory, so the workspace holds one split per block (4x fewer for the reduce kernel)
@@ -420,8 +470,8 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64))
+               u64: bool = True, pipe: bool = False):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
