@@ -61,8 +61,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
        "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("nvfp4", "p"), ("nvfp4", "p128"), ("int8", "p"), ("int8", "p128"), ("bf16", "p"), ("iso3", "p"),
-    ("nvfp4", "pN")]}
+    ("nvfp4", "p"), ("int8", "p"), ("int8", "r128"), ("bf16", "p"), ("bf16", "pN")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

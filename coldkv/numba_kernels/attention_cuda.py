@@ -708,8 +708,12 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         if not mma_tiles and max_registers is None and mma_pipe is None:
             mma_tiles, max_registers, mma_pipe = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False))
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, bool(mma_pipe))
+        # planned from the device-position build (the graphs' kernel): an int-position launch gets the
+        # same splits, so eager and graph decode add in the same order (its occupancy may differ)
+        graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
+                                              bool(mma_pipe))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
-                              _resident_blocks(kern, attention_mma.kernel_sig(k_fmt, v_fmt, devpos)))
+                              _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:

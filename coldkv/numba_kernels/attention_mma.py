@@ -106,7 +106,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     # 4-bit V: lane (gid, tig) reads words gid + 8k (k < NS / 4) of its 4 tokens' rows; tile j
     # takes nibbles (j & 3, + 4) of word gid + 8 (j >> 2): output rows gid / gid + 8 are dims
     # 8 (gid + 8 (j >> 2)) + (j & 3) / + 4, scale group (gid >> 1) + 4 (j >> 2): word j >> 2.
-    VW = NS // 4 if V4 else NS  # V code words a lane holds per token row
+    # int8 K: lane tig holds words tig * NS + s (its quarter of the row, 128-bit loads; step s its
+    # word s). int8 V: lane gid holds words gid * VW .. (its eighth of the row); tile j takes bytes
+    # 2 (j & 1), + 1 of word j >> 1: output rows gid / gid + 8 are dims (D / 8) gid + 2j / + 1.
+    VW = NS // 4 if V4 else (D // 32 if vf == INT8 else NS)  # V code words a lane holds per token row
     mma_k = mma_bf16 if kf == BF16 else mma_f16
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
@@ -159,8 +162,12 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     kreg[u, 2 * s] = a
                     kreg[u, 2 * s + 1] = b
             else:
-                for s in range(NS):
-                    kreg[u, s] = k_words[IX(row * RWK + 4 * s + tig)] ^ u32(0x80808080)
+                for m in range(NS // 4):
+                    a, b, c, d = ldg4(k_words, row * RWK + tig * NS + 4 * m)
+                    kreg[u, 4 * m] = a ^ u32(0x80808080)
+                    kreg[u, 4 * m + 1] = b ^ u32(0x80808080)
+                    kreg[u, 4 * m + 2] = c ^ u32(0x80808080)
+                    kreg[u, 4 * m + 3] = d ^ u32(0x80808080)
                 for i in range(2):  # row scales of the tokens of this lane's columns
                     krs[u, i] = k_scales[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
 
@@ -171,13 +178,23 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         for v in range(NT2):
             for i in range(4):
                 row = vb + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
+                if vf == INT8 and VW % 4 == 0:
+                    for m in range(VW // 4):
+                        a, b, c, d = ldg4(v_words, row * RWV + gid * VW + 4 * m)
+                        vreg[v, i, 4 * m] = a ^ u32(0x80808080)
+                        vreg[v, i, 4 * m + 1] = b ^ u32(0x80808080)
+                        vreg[v, i, 4 * m + 2] = c ^ u32(0x80808080)
+                        vreg[v, i, 4 * m + 3] = d ^ u32(0x80808080)
+                elif vf == INT8:
+                    for m in range(VW // 2):
+                        a, b = ldg2(v_words, row * RWV + gid * VW + 2 * m)
+                        vreg[v, i, 2 * m] = a ^ u32(0x80808080)
+                        vreg[v, i, 2 * m + 1] = b ^ u32(0x80808080)
                 for j in range(VW):
                     if V4:
                         vreg[v, i, j] = v_words[IX(row * RWV + gid + 8 * j)]
                     elif vf == BF16:
                         vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
-                    else:
-                        vreg[v, i, j] = v_words[IX(row * RWV + 4 * j + (gid >> 1))] ^ u32(0x80808080)
                 if V4:
                     for w in range(SW):
                         vsc[v, i, w] = v_scales[IX(row * SW + w)]
@@ -245,8 +262,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 sv[u, i] = pr
         bsel = u32(gid >> 1)  # V: this lane's scale byte within word j >> 2
         vsel = bsel | ((bsel + 4) << 4)
-        isel = gid & 1
-        sel_i8 = u32(isel | ((4 + isel) << 4) | ((2 + isel) << 8) | ((6 + isel) << 12))
         for v in range(NT2):
             p0 = sv[2 * v, 0]  # tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of the step
             p1 = sv[2 * v, 1]
@@ -276,9 +291,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     a1 = prmt(vreg[v, 0, j], vreg[v, 1, j], 0x7632)
                     a2 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x5410)
                     a3 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x7632)
-                else:
-                    z01 = prmt(vreg[v, 0, j], vreg[v, 1, j], sel_i8)
-                    z23 = prmt(vreg[v, 2, j], vreg[v, 3, j], sel_i8)
+                else:  # bytes b, b + 1 of word j >> 1 of two tokens: (t0 b, t1 b, t0 b+1, t1 b+1)
+                    b = 2 * (j & 1)
+                    sel = u32(b | ((4 + b) << 4) | ((b + 1) << 8) | ((5 + b) << 12))
+                    z01 = prmt(vreg[v, 0, j >> 1], vreg[v, 1, j >> 1], sel)
+                    z23 = prmt(vreg[v, 2, j >> 1], vreg[v, 3, j >> 1], sel)
                     a0 = dec_i8(z01, 0x5140)
                     a1 = dec_i8(z01, 0x7362)
                     a2 = dec_i8(z23, 0x5140)
@@ -333,7 +350,12 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 d1 = d0 + 4
                 d2 = d0 + 1
                 d3 = d0 + 5
-            else:  # bf16/int8: dims 16s + 4tig + (0, 1 | 2, 3)
+            elif kf == INT8:  # word tig * NS + s: dims 4 (tig NS + s) + (0, 1 | 2, 3)
+                d0 = 4 * (tig * NS + s)
+                d1 = d0 + 1
+                d2 = d0 + 2
+                d3 = d0 + 3
+            else:  # bf16: dims 16s + 4tig + (0, 1 | 2, 3)
                 d0 = 16 * s + 4 * tig
                 d1 = d0 + 1
                 d2 = d0 + 2
@@ -433,8 +455,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 dr = 16 * j + 2 * gid
                 dr8 = dr + 1
             else:
-                dr = 16 * j + 4 * (gid >> 1) + (gid & 1)
-                dr8 = dr + 2
+                dr = (D // 8) * gid + 2 * j
+                dr8 = dr + 1
             for i in range(2):
                 g = 2 * tig + i
                 if g < G:
