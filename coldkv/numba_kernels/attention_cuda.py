@@ -571,8 +571,12 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe) where a measured variant beat the default:
 # H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
 # 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
-# (bench/results/attention_decode_variants_cc0384c.json). int8 compiles to 128 registers uncapped.
-_MMA_TUNED = {(BF16, BF16, 4, 128): (0, 128, False), (NVFP4, NVFP4, 4, 128): (0, 128, False),
+# (bench/results/attention_decode_variants_cc0384c.json). int8 compiles to 136 registers uncapped
+# (dd17991; capped at 128: the same time). bf16: software-pipelined loads, uncapped (166 registers,
+# 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1 at 128
+# registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
+# nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5).
+_MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0, 128, False),
               (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
