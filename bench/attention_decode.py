@@ -54,17 +54,14 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
 # the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register
 # cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks, "@p" software-pipelined
-# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off at 128 registers (bf16's
-# setting before dd17991), "@sep" the splits merged by the reduce kernel, not by the decode kernel's
-# last block (the way before the in-kernel merge).
+# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off at 128 registers (bf16's setting before dd17991).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
        "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
-       "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128},
-       "sep": {"kernel": "auto", "mma_merge": False}}
+       "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("nvfp4", "sep"), ("int8", "sep"), ("bf16", "sep"), ("bf16", "pN")]}
+    ("nvfp4", "p"), ("int8", "p"), ("bf16", "pN")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

@@ -106,8 +106,7 @@ def _kernel_kw(kernel):
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
-            "mma_pipe": {"kernel": "mma", "mma_pipe": True},
-            "mma_sep": {"kernel": "mma", "mma_merge": False}}.get(kernel, {"kernel": kernel})
+            "mma_pipe": {"kernel": "mma", "mma_pipe": True}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -248,19 +247,6 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
         outs.append(out.copy_to_host())
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
-
-
-def test_decode_merge_in_last_block_equals_reduce_kernel():
-    """The decode kernel's last block per (token, kv head) merges the splits (atomic counter): the
-    same result as the reduce kernel to float32 rounding, and the counters are back at zero for the
-    next launch (graph replay), also when the workspace is reused by a second launch."""
-    ws = A.AttentionWorkspace(16, 1, 8, 64)
-    got = {}
-    for kernel in ("mma_sep", "mma", "mma"):
-        got[kernel] = run_case(Q.NVFP4, Q.INT8, 4, 64, 120, H=2, P=8, seed=5, ws=ws, kernel=kernel)
-        assert not ws.counters.copy_to_host().any()
-    np.testing.assert_allclose(got["mma"][0], got["mma_sep"][0], rtol=2e-6, atol=1e-7)
-    check(*got["mma"])
 
 
 def test_reduce_empty_splits_change_nothing(monkeypatch):

@@ -542,10 +542,6 @@ class AttentionWorkspace:
         n = self.max_splits * self.max_T * self.Hq
         self.acc = cuda.device_array(n * self.D, np.float32)
         self.ml = cuda.device_array(n * 2, np.float32)
-        # finished-block counters of the decode kernel's in-kernel merge, one per (token, kv head);
-        # zero between launches (the last block resets its own)
-        self.counters = cuda.to_device(np.zeros(self.max_T * self.Hq, np.int32))
-        self.no_counters = cuda.to_device(np.zeros(0, np.int32))
         self._views: dict = {}
         self.n_sm = _sm_count()
 
@@ -575,12 +571,14 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe) where a measured variant beat the default:
 # H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
 # 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
-# (bench/results/attention_decode_variants_cc0384c.json). int8 compiles to 136 registers uncapped
-# (dd17991; capped at 128: the same time). bf16: software-pipelined loads, uncapped (166 registers,
-# 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1 at 128
-# registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
+# (bench/results/attention_decode_variants_cc0384c.json). int8 is capped at 128: uncapped, its
+# device-position build (the graphs' kernel) compiled to 128 registers at dd17991 (100.5 us; int8@r128
+# 100.0) and to 130 at d26488a (3 blocks per SM: 111.9 us). bf16: software-pipelined loads, uncapped
+# (166 registers, 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1
+# at 128 registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
 # nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0, 128, False),
+              (INT8, INT8, 4, 128): (0, 128, False),
               (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
@@ -643,7 +641,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None, mma_pipe=None, mma_merge=True):
+                         mma_warps=None, mma_pipe=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -667,7 +665,6 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
-    mma_merge (False: the reduce kernel merges the decode kernel's splits, not its last block) /
     mma_mtiles (m-tiles per warp of "rows") / mma_warps / tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
@@ -722,7 +719,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
                                               bool(mma_pipe))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
-                              _resident_blocks(graph_kern, attention_mma.decode_sig(k_fmt, v_fmt, True)))
+                              _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:
@@ -731,14 +728,6 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         ksc, vsc = _flat(k_scales), _flat(v_scales)
     splits = nblk if use_mma else nblk * NWARPS  # the tensor-core kernel merges its warps per block
     ws_acc, ws_ml = ws.views(splits, T)
-    if use_mma:  # its last block per (token, kv head) merges the splits, where they fit its shared arrays
-        merge = mma_merge and nblk * G <= attention_mma.MERGE_MAX and T * H <= ws.counters.shape[0]
-        kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
-                                            _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml, out,
-                                            ws.counters if merge else ws.no_counters)
-        if not merge:
-            _reduce(ws_acc, ws_ml, splits, out, stream)
-        return out
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                         _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
     _reduce(ws_acc, ws_ml, splits, out, stream)

@@ -48,7 +48,6 @@ from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
 THREADS = 32 * NWARPS
-MERGE_MAX = 1024  # (splits x G) the in-kernel split merge takes; larger launches use the reduce kernel
 _LAZY = np.float32(8.0)
 _NEG_INF = np.float32(-np.inf)
 _VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}
@@ -316,60 +315,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             p += 1
         return p
 
-    NO = -(-(G * D) // THREADS)  # outputs per thread of the split merge
-    UB = max(1, 32 // NO)  # splits whose loads are issued together (NO * UB loads in flight)
-
-    @cuda.jit(device=True, inline=True)
-    def merge_splits(ws_acc, ws_ml, out, nb, t, hq0, tid):
-        """out[t, hq0 + g] = the merge of the nb block partials of rows hq0 .. hq0 + G - 1, in
-        split order (the same sums whichever block finishes last). nb * G <= MERGE_MAX."""
-        sm_w = cuda.shared.array(MERGE_MAX, np.float32)  # [split, g]: m, then the weight exp2(m - M)
-        sm_l = cuda.shared.array(MERGE_MAX, np.float32)
-        sm_den = cuda.shared.array(8, np.float32)
-        for i in range(tid, nb * G, THREADS):
-            b = i // G
-            g = i - b * G
-            sm_w[i] = ws_ml[b, t, hq0 + g, 0]
-            sm_l[i] = ws_ml[b, t, hq0 + g, 1]
-        cuda.syncthreads()
-        if tid < G:
-            M = _NEG_INF
-            for b in range(nb):
-                M = max(M, sm_w[b * G + tid])
-            den = f32(0.0)
-            for b in range(nb):
-                mb = sm_w[b * G + tid]
-                wb = math.exp2(mb - M) if mb > _NEG_INF else f32(0.0)  # -inf: a block without pages
-                sm_w[b * G + tid] = wb
-                den += wb * sm_l[b * G + tid]
-            sm_den[tid] = den
-        cuda.syncthreads()
-        num = cuda.local.array(NO, np.float32)
-        val = cuda.local.array((NO, UB), np.float32)
-        for k in range(NO):
-            num[k] = f32(0.0)
-        for b0 in range(0, nb, UB):
-            for k in range(NO):  # all NO * UB loads first (L2 round trips overlap), then the sums
-                e = min(tid + THREADS * k, G * D - 1)
-                g = e // D
-                for u in range(UB):
-                    val[k, u] = ws_acc[min(b0 + u, nb - 1), t, hq0 + g, e - g * D]
-            for k in range(NO):
-                g = min(tid + THREADS * k, G * D - 1) // D
-                for u in range(UB):
-                    if b0 + u < nb:
-                        num[k] += sm_w[(b0 + u) * G + g] * val[k, u]
-        for k in range(NO):
-            e = tid + THREADS * k
-            if e < G * D:
-                g = e // D
-                out[t, hq0 + g, e - g * D] = num[k] / sm_den[g]
-
     jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
 
     @jit
-    def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out,
-                 counters):
+    def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
         # k_scales/v_scales: 4-bit formats: E4M3 bytes as flat uint32 words (SW per row);
         # int8: float32 per row; bf16: unused.
         pos0 = read_pos(pos)
@@ -536,24 +485,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 ws_ml[blk, t, hq0 + g, 0] = M
                 ws_ml[blk, t, hq0 + g, 1] = den
 
-        # ---------------- the split merge, in the last block of this (t, kv head) to finish
-        # (counters[t, h] counts finished blocks; the last one resets it for the next launch or
-        # graph replay). Without counters (size 0) the reduce kernel merges instead.
-        if counters.shape[0] > 0:
-            cuda.threadfence()  # this thread's partials reach L2 before the block is counted
-            cuda.syncthreads()
-            sm_flag = cuda.shared.array(1, np.int32)
-            nb = cuda.gridDim.y
-            if tid == 0:
-                done = cuda.atomic.add(counters, t * cuda.gridDim.z + h, 1)
-                sm_flag[0] = 1 if done == nb - 1 else 0
-            cuda.syncthreads()
-            if sm_flag[0] == 1:
-                cuda.threadfence()
-                merge_splits(ws_acc, ws_ml, out, nb, t, hq0, tid)
-                if tid == 0:
-                    counters[t * cuda.gridDim.z + h] = 0
-
     return attn_mma
 
 
@@ -574,26 +505,20 @@ _SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint32", ISO3: "uint32"}
 
 
 def kernel_sig(kf, vf, devpos=False):
-    """The prefill kernels' signature (attention_prefill)."""
     return attention_cuda.kernel_sig(kf, vf, devpos, _SCALE_T)
-
-
-def decode_sig(kf, vf, devpos=False):
-    """The decode kernel's: the prefill signature plus out [T, Hq, D] and the merge counters."""
-    return kernel_sig(kf, vf, devpos)[:-1] + ", float32[:,:,::1], int32[::1])"
 
 
 def _ptx_signatures():
     fm = [BF16, INT8, NVFP4, ISO3]
-    out = [(get_kernel(f, f, 4, 128), decode_sig(f, f)) for f in fm]
-    out += [(get_kernel(NVFP4, ISO3, 4, 128), decode_sig(NVFP4, ISO3)),
-            (get_kernel(NVFP4, NVFP4, 6, 256), decode_sig(NVFP4, NVFP4)),
-            (get_kernel(INT8, BF16, 1, 64), decode_sig(INT8, BF16)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, True), decode_sig(NVFP4, NVFP4, True)),
-            (get_kernel(INT8, NVFP4, 4, 128, u64=False), decode_sig(INT8, NVFP4)),
-            (get_kernel(ISO3, INT8, 2, 64, True), decode_sig(ISO3, INT8, True)),
-            (get_kernel(NVFP4, ISO3, 3, 192), decode_sig(NVFP4, ISO3)),
-            (get_kernel(BF16, ISO3, 6, 256), decode_sig(BF16, ISO3))]
+    out = [(get_kernel(f, f, 4, 128), kernel_sig(f, f)) for f in fm]
+    out += [(get_kernel(NVFP4, ISO3, 4, 128), kernel_sig(NVFP4, ISO3)),
+            (get_kernel(NVFP4, NVFP4, 6, 256), kernel_sig(NVFP4, NVFP4)),
+            (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
+            (get_kernel(INT8, NVFP4, 4, 128, u64=False), kernel_sig(INT8, NVFP4)),
+            (get_kernel(ISO3, INT8, 2, 64, True), kernel_sig(ISO3, INT8, True)),
+            (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),
+            (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3))]
     return out
 
 
