@@ -665,7 +665,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
-    mma_mtiles (m-tiles per warp of "rows") / mma_warps / tuning knobs of the benchmark (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
+    mma_mtiles (m-tiles per warp of "rows") / mma_warps: tuning knobs of the benchmark
+    (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H

@@ -401,13 +401,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid)
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid)
             c0 = 0
-            while p < p_end:
+            while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
                 scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
-                c1 = c0 + CH
-                p1 = p
-                pk1 = pk
-                pv1 = pv
-                nval1 = nval
+                p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
                 if c1 >= nval:
                     c1 = 0
                     p1 = next_page(table, h, p + 1, p_end)
@@ -420,11 +416,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
                 if p1 < p_end:
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid)
-                p = p1
-                c0 = c1
-                pk = pk1
-                pv = pv1
-                nval = nval1
+                p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
         else:
             for p in range(p_begin, p_end):
                 pk = i64(table[0, h, IX(p)])
