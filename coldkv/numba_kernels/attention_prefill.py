@@ -19,7 +19,7 @@ from numba import cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
-    cp_async16_zfill, cp_async_wait_all, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
+    cp_async16_zfill, cp_async_wait_all, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ex2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
     mul_f16x2, pack_bf16, pack_f16, prmt, sts4, SIMULATED)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
@@ -805,12 +805,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         dec4 = dec_iso3 if fmt == ISO3 else dec_e2m1
 
         @cuda.jit(device=True, inline=True)
-        def issue(words, scales, sarr, base, rows, creg, crs, c, key0):
+        def issue(words, scales, sarr, base, rows, creg, crs, c, key0, allok):
             """Start bringing items j (key key0 + KPI j, chunk c; rows[j] < 0: invalid) of the
-            next tile in: bf16 by cp.async into sarr, the others into registers."""
+            next tile in: bf16 by cp.async into sarr, the others into registers. allok (a
+            constant): every row is valid, so no per-item test is compiled."""
             for j in range(NIT):
                 r = rows[j]
-                ok = r >= 0
+                ok = allok or r >= 0
                 rr = r if ok else i64(0)
                 key = key0 + KPI * j
                 if fmt == BF16:
@@ -983,14 +984,23 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         vl_off = (8 * (mm & 1) + rr) * RS
         mk = mm & 1
         mv = mm >> 1
+        # ldmatrix word offsets of the 16-byte chunks 2j + mk (K) / 2j + mv (V), j < 4, of this
+        # lane's row after the XOR swizzle; chunk 8q + c' is at 32 q words + the offset of c' (the
+        # swizzle only touches the low 3 bits), so every address in the tile loop is one of these
+        # plus a constant, which ptxas folds into the instruction.
+        koff = cuda.local.array(4, np.uint32)
+        voff = cuda.local.array(4, np.uint32)
+        for j in range(4):
+            koff[j] = u32(kl_off + 4 * ((2 * j + mk) ^ rr))
+            voff[j] = u32(vl_off + 4 * ((2 * j + mv) ^ rr))
 
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         ipg = split * ppw  # fast path: page and offset of the next tile to fetch
         ioff = 0
         if ntiles > 0:  # prologue: tile 0 into buffer 0
             item_rows(table, h, P, fastp, kb, ke, ipg, ioff, key0, rk, rv, okb)
-            issue_k(k_words, k_scales, KS, 0, rk, kreg, krs, c, key0)
-            issue_v(v_words, v_scales, VS, 0, rv, vreg, vrs, c, key0)
+            issue_k(k_words, k_scales, KS, 0, rk, kreg, krs, c, key0, False)
+            issue_v(v_words, v_scales, VS, 0, rv, vreg, vrs, c, key0, False)
             commit_k(KS, 0, kreg, c, key0)
             commit_v(VS, 0, vreg, c, key0)
             if c == 0:
@@ -1013,18 +1023,30 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             nxt = ti + 1 < ntiles
             nb = (buf ^ 1) * BUFW
             if nxt:
-                item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
-                issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0)
-                issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0)
+                if fastp and not holes and k0 + 2 * CHB <= ke:
+                    # the common tile: inside one allocated page and the split, so the rows are
+                    # two table entries plus constants (no per-item tests or 64-bit multiplies)
+                    rk0 = i64(table[0, h, IX(ipg)]) * P + ioff + key0
+                    rv0 = i64(table[1, h, IX(ipg)]) * P + ioff + key0
+                    for j in range(NIT):
+                        rk[j] = rk0 + KPI * j
+                        rv[j] = rv0 + KPI * j
+                        okb[j] = 1
+                    issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, True)
+                    issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, True)
+                else:
+                    item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
+                    issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, False)
+                    issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, False)
             if active and k0 <= pos0 + tq_last:
-                bk = buf * BUFW
+                bk = u32(buf * BUFW)
                 for u in range(NKT):
                     for i in range(4):
                         sv[u, i] = f32(0.0)
                 # ---- S = Q K^T: one ldmatrix.x4 per (pair of 8-key tiles, k16 step)
                 for pr in range(NKT // 2):
                     for s in range(NS):
-                        b0, b1, b2, b3 = ldsm_x4(KS, bk + 16 * pr * RS + kl_off + 4 * ((2 * s + mk) ^ rr))
+                        b0, b1, b2, b3 = ldsm_x4(KS, bk + koff[s & 3] + u32(16 * pr * RS + 32 * (s >> 2)))
                         u = 2 * pr
                         r0, r1, r2, r3 = mma_k(qa[s, 0], qa[s, 1], qa[s, 2], qa[s, 3], b0, b1,
                                                sv[u, 0], sv[u, 1], sv[u, 2], sv[u, 3])
@@ -1069,30 +1091,34 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
                 if mx0 > m0 + _LAZY:
-                    al = math.exp2(m0 - mx0)
+                    al = ex2(m0 - mx0)
                     m0 = mx0
                     l0 *= al
                     for n in range(ND8):
                         acc[n, 0] *= al
                         acc[n, 1] *= al
                 if mx1 > m1 + _LAZY:
-                    al = math.exp2(m1 - mx1)
+                    al = ex2(m1 - mx1)
                     m1 = mx1
                     l1 *= al
                     for n in range(ND8):
                         acc[n, 2] *= al
                         acc[n, 3] *= al
+                # a row with nothing unmasked yet keeps m = -inf: subtract 0 there, so a masked
+                # score gives ex2(-inf) = 0 without a test per score
+                ms0 = m0 if m0 > _NEG_INF else f32(0.0)
+                ms1 = m1 if m1 > _NEG_INF else f32(0.0)
                 for u in range(NKT):
                     for i in range(4):
                         x = sv[u, i]
-                        pr_ = math.exp2(x - (m0 if i < 2 else m1)) if x > _NEG_INF else f32(0.0)
+                        pr_ = ex2(x - (ms0 if i < 2 else ms1))
                         if i < 2:
                             l0 += pr_
                         else:
                             l1 += pr_
                         sv[u, i] = pr_
                 # ---- O += P V: A = P (16-key step v), B = V by ldmatrix.trans, two 8-dim tiles
-                bv = buf * BUFW
+                bv = u32(buf * BUFW)
                 for v in range(NVS):
                     p0 = sv[2 * v, 0]
                     p1 = sv[2 * v, 1]
@@ -1118,7 +1144,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         a2 = pack_v(p4, p5)  # row gid, keys + 8
                         a3 = pack_v(p6, p7)
                     for npr in range(ND8 // 2):
-                        b0, b1, b2, b3 = ldsm_x4_t(VS, bv + 16 * v * RS + vl_off + 4 * ((2 * npr + mv) ^ rr))
+                        b0, b1, b2, b3 = ldsm_x4_t(VS, bv + voff[npr & 3] + u32(16 * v * RS + 32 * (npr >> 2)))
                         n = 2 * npr
                         r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
                         acc[n, 0] = r0

@@ -7,6 +7,8 @@ definitions, so the kernels of attention_mma.py / attention_prefill.py run in CI
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -70,6 +72,10 @@ e4m3x2 = _asm("{.reg .b32 t;\n .reg .b16 lo, hi;\n prmt.b32 t, $1, $2, $3;\n mov
               " cvt.rn.f16x2.e4m3x2 $0, lo;}",
               "=r,r,r,r", _u32, (_u32, _u32, _u32))
 mul_f16x2 = _asm("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", _u32, (_u32, _u32))
+# 2^x in one MUFU.EX2: math.exp2 is ex2.approx.f32 without .ftz, which ptxas widens to ~6
+# instructions (a range test and two multiplies) to produce subnormal results; a softmax
+# weight below 2^-126 of the row's max is 0 here instead.
+ex2 = _asm("ex2.approx.ftz.f32 $0, $1;", "=f,f", _f32, (_f32,))
 
 
 def _ldg(n):
@@ -107,11 +113,16 @@ ldg4 = _ldg(4)
 # space (addrspace 3). All are volatile with a memory clobber: LLVM must not move them across a
 # barrier or another shared access (ptxas still schedules them by their dependencies).
 def _smem_ptr(context, builder, aty, arr, idx):
+    """The 32-bit shared address of arr[idx], as base + (idx << log2 itemsize) in 32-bit
+    arithmetic: LLVM then folds a constant part of idx into the instruction's immediate offset
+    (ldmatrix [r + imm]) instead of redoing a 64-bit generic address per access."""
     a = context.make_array(aty)(context, builder, arr)
-    ptr = builder.gep(a.data, [context.cast(builder, idx, types.uint32, types.int64)])
-    sp = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, 3) if hasattr(ptr.type, "pointee")
-                               and not getattr(ptr.type, "is_opaque", False) else ir.PointerType(addrspace=3))
-    return builder.ptrtoint(sp, ir.IntType(32))
+    data = a.data
+    sp = builder.addrspacecast(data, ir.PointerType(data.type.pointee, 3) if hasattr(data.type, "pointee")
+                               and not getattr(data.type, "is_opaque", False) else ir.PointerType(addrspace=3))
+    i32 = ir.IntType(32)
+    shift = int(np.log2(context.get_abi_sizeof(context.get_data_type(aty.dtype))))
+    return builder.add(builder.ptrtoint(sp, i32), builder.shl(idx, ir.Constant(i32, shift)))
 
 
 def _ldsm(trans):
@@ -379,6 +390,11 @@ def _sim_cp_async(n):
     return cp
 
 
+def _sim_ex2(x):
+    y = np.float32(math.exp2(float(x)))
+    return y if y >= np.float32(2.0 ** -126) else np.float32(0.0)
+
+
 def _sim_nop():
     return None
 
@@ -427,7 +443,7 @@ if SIMULATED:
     mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
     prmt, pack_f16, pack_bf16 = _sim_prmt, _sim_pack_f16, _sim_pack_bf16
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
-    e4m3x2, mul_f16x2 = _sim_e4m3x2, _sim_mul_f16x2
+    e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
     ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
     cp_async_wait_all = lambda: None  # noqa: E731
