@@ -19,7 +19,7 @@ from numba import cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
-    cp_async16_zfill, cp_async_wait_all, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ex2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
+    cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ex2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
     mul_f16x2, pack_bf16, pack_f16, prmt, sts4, SIMULATED)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
@@ -802,7 +802,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     i64 = np.int64
 
     def plane_ops(fmt, RW):
-        dec4 = dec_iso3 if fmt == ISO3 else dec_e2m1
+        dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
 
         @cuda.jit(device=True, inline=True)
         def issue(words, scales, sarr, base, rows, creg, crs, c, key0, allok):
@@ -848,10 +848,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         sw = creg[j, 1]
                         bsh = u32((c >> 1) & 3)
                         sp = e4m3x2(sw, sw, bsh | (bsh << 4))
-                        y0 = mul_f16x2(dec4(x, u32(0)), sp)
-                        y1 = mul_f16x2(dec4(x, u32(4)), sp)
-                        y2 = mul_f16x2(dec4(x, u32(8)), sp)
-                        y3 = mul_f16x2(dec4(x, u32(12)), sp)
+                        z0, z1, z2, z3 = dec8(x)
+                        y0 = mul_f16x2(z0, sp)
+                        y1 = mul_f16x2(z1, sp)
+                        y2 = mul_f16x2(z2, sp)
+                        y3 = mul_f16x2(z3, sp)
                     sts4(sarr, base + key * RS + 4 * (c ^ (key & 7)), y0, y1, y2, y3)
 
         return issue, commit

@@ -59,6 +59,30 @@ dec_e2m1 = _asm("{.reg .b32 y, a, b, k;\n mov.b32 k, 0x74007400;\n shr.b32 y, $1
 dec_iso3 = _asm("{.reg .b32 y, a, b, m;\n mov.b32 m, 0x64006400;\n shr.b32 y, $1, $2;\n and.b32 a, y, 0x00070007;\n"
                 " or.b32 a, a, m;\n sub.f16x2 a, a, m;\n shl.b32 b, y, 12;\n and.b32 b, b, 0x80008000;\n or.b32 $0, a, b;}",
                 "=r,r,r", _u32, (_u32, _u32))
+# the 8 codes of a word at once: fp16x2 pairs (nibble i, nibble i + 4), i = 0..3 (the pairs of
+# dec_e2m1 / dec_iso3 with shifts 0, 4, 8, 12, exactly their values). Every 4-bit magnitude is an
+# fp16 whose low byte is 0, so two PRMTs look up the high bytes of all 8 magnitudes in an 8-byte
+# table, four more place them (selector nibble 8: the sign of a table byte < 0x80, i.e. 0x00, for
+# the low bytes) and the sign bits are or-ed in: ~19 instructions per 8 values instead of 28, and
+# no x 2^14 fix-up.
+def _dec8(tlo, thi):
+    ptx = ("{.reg .b32 tl, th, m0, m1, s;\n"
+           f" mov.b32 tl, {tlo:#x};\n mov.b32 th, {thi:#x};\n"
+           " and.b32 m0, $4, 0x7777;\n shr.b32 m1, $4, 16;\n and.b32 m1, m1, 0x7777;\n"
+           " prmt.b32 m0, tl, th, m0;\n prmt.b32 m1, tl, th, m1;\n"
+           " prmt.b32 $0, m0, m1, 0x4808;\n prmt.b32 $1, m0, m1, 0x5818;\n"
+           " prmt.b32 $2, m0, m1, 0x6828;\n prmt.b32 $3, m0, m1, 0x7838;\n"
+           " shl.b32 s, $4, 12;\n and.b32 s, s, 0x80008000;\n or.b32 $0, $0, s;\n"
+           " shl.b32 s, $4, 8;\n and.b32 s, s, 0x80008000;\n or.b32 $1, $1, s;\n"
+           " shl.b32 s, $4, 4;\n and.b32 s, s, 0x80008000;\n or.b32 $2, $2, s;\n"
+           " and.b32 s, $4, 0x80008000;\n or.b32 $3, $3, s;}")
+    return _asm(ptx, "=r,=r,=r,=r,r", types.UniTuple(_u32, 4), (_u32,))
+
+
+_DEC8_E2M1 = (0x3E3C3800, 0x46444240)  # fp16 high bytes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6
+_DEC8_ISO3 = (0x42403C00, 0x47464544)  # of 0, 1, 2, 3 | 4, 5, 6, 7
+dec8_e2m1 = _dec8(*_DEC8_E2M1)
+dec8_iso3 = _dec8(*_DEC8_ISO3)
 # bytes of x picked by the byte_perm selector (two of them, as (b, 0x64, b', 0x64)) -> fp16x2 of
 # the signed int8 values; x must already be xor-ed with 0x80808080
 dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806480;\n prmt.b32 a, $1, m, $2;\n"
@@ -313,6 +337,17 @@ def _sim_dec_iso3(x, sh):
     return np.uint32(a | ((y << 12) & 0x80008000))
 
 
+def _sim_dec8(table):
+    lo, hi = table
+    tab = [((lo if m < 4 else hi) >> (8 * (m & 3))) & 0xFF for m in range(8)]
+
+    def dec8(x):
+        x = int(x)
+        half = [(tab[(x >> (4 * n)) & 7] << 8) | (((x >> (4 * n + 3)) & 1) << 15) for n in range(8)]
+        return tuple(np.uint32(half[i] | (half[i + 4] << 16)) for i in range(4))
+    return dec8
+
+
 def _sim_dec_i8(x, sel):
     return _sim_f16x2(lambda u, v: u - v, _sim_prmt(x, 0x64646464, sel), 0x64806480)
 
@@ -443,6 +478,7 @@ if SIMULATED:
     mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
     prmt, pack_f16, pack_bf16 = _sim_prmt, _sim_pack_f16, _sim_pack_bf16
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
+    dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
     ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
