@@ -42,7 +42,7 @@ from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from numba import types
 
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16,
+    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16,
     prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
@@ -245,7 +245,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         need = mx > m_run + _LAZY
         if cuda.any_sync(0xFFFFFFFF, need):  # rare: the running max moves
             mnew = mx if need else m_run
-            alpha = math.exp2(m_run - mnew)
+            alpha = ex2(m_run - mnew)
             l_run *= alpha
             m_run = mnew
             aa = cuda.shfl_sync(0xFFFFFFFF, alpha, 8 * tig)  # alpha of row g = 2tig
@@ -257,7 +257,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 acc[j, 3] *= ab
         for u in range(NT):
             for i in range(2):
-                pr = math.exp2(sv[u, i] - m_run)
+                pr = ex2(sv[u, i] - m_run)  # one MUFU (mma_ptx.ex2)
                 l_run += pr
                 sv[u, i] = pr
         bsel = u32(gid >> 1)  # V: this lane's scale byte within word j >> 2
