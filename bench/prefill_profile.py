@@ -1,0 +1,91 @@
+"""Where a CUDA prefill's time goes, kernel by kernel (H200 + torch for its CUPTI profiler).
+
+    python bench/prefill_profile.py --commit HASH --prompt 32768 --table bf16 --out $OUT/prefill_profile.json
+
+Runs backend.prefill (as `coldkv generate` does: a new cache, chunks of 2048, graphs captured for
+that cache) once to compile, then again under torch.profiler, which records every kernel of the
+process (Numba's, cuBLAS's) through CUPTI. Writes the wall time, the summed GPU time per kernel
+name (top --top), the GPU-busy total and wall - busy (time the GPU waited on the host: eager
+chunks, graph capture and instantiation, the logits copy).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchutil import git_commit, prompt_ids  # noqa: E402
+
+import coldkv  # noqa: E402
+from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
+from coldkv.runtime.kv_table import resolve_table  # noqa: E402
+from coldkv.runtime.tokenizer import Tokenizer  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompt", type=int, default=32768)
+    ap.add_argument("--table", default="bf16")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--commit")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefill_profile.json")
+    a = ap.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = coldkv.DEFAULT_MODEL
+    backend = CUDABackend(model)
+    table = resolve_table(a.table, backend.args.num_hidden_layers)
+    ids = np.array(prompt_ids(Tokenizer.from_dir(model), a.prompt), np.int64)
+
+    def run() -> float:
+        cache = backend.new_cache(table, a.prompt + 1)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        backend.prefill(ids, cache)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run()  # compile every variant
+    wall_plain = run()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = run()
+    per = defaultdict(lambda: [0.0, 0])
+    busy = []
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower():
+            per[e.name][0] += (e.time_range.end - e.time_range.start) / 1e3  # us -> ms
+            per[e.name][1] += 1
+            busy.append((e.time_range.start, e.time_range.end))
+    busy.sort()
+    merged, cur = 0.0, None
+    for s, t in busy:  # union of kernel intervals, us
+        if cur is None or s > cur[1]:
+            if cur:
+                merged += cur[1] - cur[0]
+            cur = [s, t]
+        else:
+            cur[1] = max(cur[1], t)
+    if cur:
+        merged += cur[1] - cur[0]
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])[: a.top]
+    out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+           "commit": git_commit(a.commit), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
+           "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
+           "gpu_busy_ms": round(merged / 1e3, 2), "kernels": len(busy),
+           "top": [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top]}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
