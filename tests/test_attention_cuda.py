@@ -249,7 +249,8 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_reduce_empty_splits_change_nothing(monkeypatch):
+@pytest.mark.parametrize("T", [1, 130])  # 130 x 2 rows: the warp-per-row kernel of prefill chunks
+def test_reduce_empty_splits_change_nothing(monkeypatch, T):
     """A launch planned for a longer cache (plan_len: what the backend's captured prefill and
     decode graphs do) has more splits, the extra ones past the end empty (m = -inf, acc never
     written). The merge must give bitwise the result without them (the backend's per-chunk
@@ -258,13 +259,13 @@ def test_reduce_empty_splits_change_nothing(monkeypatch):
     8 vs 12 splits) would change the order."""
     monkeypatch.setattr(A, "_SIM_MAX_WARPS", 4)
     rng = np.random.default_rng(3)
-    T, Hq, D, n = 1, 2, 64, 8
+    Hq, D, n = 2, 64, 8
     m = rng.uniform(-4, 4, (n, T, Hq)).astype(np.float32)
     lsum = rng.uniform(0.5, 3, (n, T, Hq)).astype(np.float32)
     acc = rng.standard_normal((n, T, Hq, D)).astype(np.float32)
-    m[2, 0, 1], lsum[2, 0, 1], acc[2, 0, 1] = -np.inf, 0.0, 0.0  # an empty split among the others
+    m[2, 0, 1], lsum[2, 0, 1], acc[2, 0, 1] = -np.inf, 0.0, np.nan  # an empty split among the others
     w = np.exp2(m.astype(np.float64) - m.max(axis=0))
-    ref = (w[..., None] * acc).sum(axis=0) / (w * lsum).sum(axis=0)[..., None]
+    ref = (w[..., None] * np.nan_to_num(acc)).sum(axis=0) / (w * lsum).sum(axis=0)[..., None]
     outs = []
     for N in (n, n + 4):
         ml = np.zeros((N, T, Hq, 2), np.float32)
