@@ -6,9 +6,12 @@
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash bench/h200_run.sh <commit>
 # H200 at 6390c47 / a1a8206: tests ~235-260 s, decode grid ~60 s after them, codecs ~60 s, generate
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
-# A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change.
+# A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
+# third, "prefill", adds bench/attention_prefill.py at T 2048 (~50 s) and bench/prefill_profile.py; a
+# fourth is the seconds the whole script may take (default 570).
 set -u
 C=${1:?commit}
+B=${4:-570}  # seconds this script may take (generate and the profile only start if time is left)
 S=$(date +%s)
 timeout 330 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
 T=$!
@@ -17,9 +20,18 @@ D=$!
 if [ "${2:-}" != nocodecs ]; then
   timeout 480 python3 bench/codecs.py --commit "$C" --wait-pid $D --out "$OUT/codecs.json" > "$OUT/codecs.log" 2>&1
 fi
+if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compiled while the tests run
+  timeout 300 python3 bench/attention_prefill.py --commit "$C" --wait-pid $D --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths fa fa@r168 --formats bf16 nvfp4 --repeats 5 \
+    --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
+fi
 wait
-left=$(( 570 - ($(date +%s) - S) ))
-[ $left -gt 60 ] && timeout $left python3 bench/generate.py --commit "$C" --repeats 2 --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
+left=$(( B - ($(date +%s) - S) ))
+[ $left -gt 60 ] && timeout $left python3 bench/generate.py --commit "$C" --repeats $([ $left -gt 150 ] && echo 2 || echo 1) \
+  --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
+left=$(( B - ($(date +%s) - S) ))
+[ "${3:-}" = prefill ] && [ $left -gt 45 ] && timeout $left python3 bench/prefill_profile.py --commit "$C" \
+  --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 echo "elapsed $(( $(date +%s) - S )) s"
 tail -n 3 "$OUT/gpu_pytest_$C.log"
 grep -h '^{"format' "$OUT/decode.log" | python3 -c "
@@ -30,3 +42,5 @@ for l in sys.stdin:
           f\"{r.get('coldkv_graph_us', 0):.1f} us\", f\"sdpa {r['sdpa_bf16_us']:.1f}\", f\"x{r.get('speedup_graph', 0):.2f}\")"
 grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -20
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
+grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
+python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
