@@ -249,6 +249,26 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_dec8_emulation_is_the_format():
+    """The simulator's dec8_e2m1 / dec8_iso3 (which the fa kernel runs under the simulator; on a GPU
+    the gpu tests check the PTX): pair i of a word = fp16 of nibbles i (low) and i + 4 (high), the
+    values from ml_dtypes' float4_e2m1fn and from ISO3's sign + integer magnitude."""
+    import ml_dtypes
+
+    from coldkv.numba_kernels import mma_ptx as M
+
+    e2m1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float16).view(np.uint16)
+    iso3 = (np.where(np.arange(16) & 8, -1.0, 1.0) * (np.arange(16) & 7)).astype(np.float16).view(np.uint16)
+    words = [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + list(
+        np.random.default_rng(7).integers(0, 2**32, 300, dtype=np.uint64))
+    for tab, dec in ((e2m1, M._sim_dec8(M._DEC8_E2M1)), (iso3, M._sim_dec8(M._DEC8_ISO3))):
+        for w in words:
+            w = int(w)
+            nib = [(w >> (4 * n)) & 15 for n in range(8)]
+            want = [int(tab[nib[i]]) | (int(tab[nib[i + 4]]) << 16) for i in range(4)]
+            assert [int(x) for x in dec(w)] == want, hex(w)
+
+
 @pytest.mark.parametrize("T", [1, 130])  # 130 x 2 rows: the warp-per-row kernel of prefill chunks
 def test_reduce_empty_splits_change_nothing(monkeypatch, T):
     """A launch planned for a longer cache (plan_len: what the backend's captured prefill and

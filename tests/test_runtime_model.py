@@ -87,6 +87,22 @@ def test_trim_rolls_back_and_frees_pages():
         cache.trim(41)
 
 
+def test_only_two_level_layers_wait_for_calibration():
+    """nvfp4/iso3 planes fix their fp32 second-level scale from the layer's first chunk; bf16/int8
+    layers have none, so they start calibrated (the CUDA backend then replays its first prompt
+    chunk from a graph instead of running it apart), and a trim to empty restores that state."""
+    table = KVTable("mixed", (("int8", "int8"), ("nvfp4", "iso3"), ("bf16", "bf16"), ("bf16", "iso3")))
+    cache = PagedKVCache(table, 2, 64, max_tokens=64, page_tokens=16)
+    np.testing.assert_array_equal(cache.calibrated, [True, False, True, False])
+    x = np.random.default_rng(5).standard_normal((8, 2, 64)).astype(np.float32)
+    cache.extend(8)
+    cache.write(1, 0, x, x)
+    assert cache.calibrated[1] and not cache.calibrated[3]
+    assert (cache.gscale[1] != 1.0).all() and (cache.gscale[0] == 1.0).all()
+    cache.trim(8)
+    np.testing.assert_array_equal(cache.calibrated, [True, False, True, False])
+
+
 def test_cache_sizes():
     cache = PagedKVCache(resolve_table("nvfp4", 2), 2, 128, max_tokens=1000)
     # K nvfp4 and V iso3: 64 code bytes + 8 scale bytes per head and token at d=128 -> 4.5 bits/value
