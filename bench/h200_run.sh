@@ -21,7 +21,8 @@ if [ "${2:-}" != nocodecs ]; then
   timeout 480 python3 bench/codecs.py --commit "$C" --wait-pid $D --out "$OUT/codecs.json" > "$OUT/codecs.log" 2>&1
 fi
 if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compiled while the tests run
-  timeout 300 python3 bench/attention_prefill.py --commit "$C" --wait-pid $D --T 2048 --contexts 32768 \
+  # it waits for the tests and the decode grid (~350 s at d7dd710), so its timeout is the budget's
+  timeout $(( B - 30 )) python3 bench/attention_prefill.py --commit "$C" --wait-pid $D --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths fa fa@r168 --formats bf16 nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
 fi
