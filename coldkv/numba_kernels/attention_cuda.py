@@ -422,7 +422,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     tid = cuda.threadIdx.x
     w = tid // 32
     lane = tid % 32
-    nw = cuda.blockDim.x // 32  # _reduce_warps: from the rows, never from n_splits
+    nw = cuda.blockDim.x // 32  # _reduce: from the rows, never from n_splits
     d = 32 * cuda.blockIdx.y + lane
     dd = min(d, D - 1)
     sm_m = cuda.shared.array(RED_WARPS, np.float32)
@@ -510,23 +510,19 @@ _RED_ROWS_WARPS = 8
 _SIM_MAX_WARPS = 1  # the simulator runs a Python thread per GPU thread: the same kernel, fewer warps
 
 
-def _reduce_warps(T: int, Hq: int) -> int:
-    """Warps per reduce block: from the rows only, never from the split count. A launch planned
-    for a longer cache (device-position / capacity planning) adds empty splits, which then add
-    exact zeros in the same order, so its result is bitwise that of a launch planned for the
-    actual length (the backend's captured prefill == its per-chunk forward)."""
+def _reduce(ws_acc, ws_ml, splits, out, stream):
+    """Merge the splits into out. The kernel and its block size follow from the rows only, never
+    from the split count: a launch planned for a longer cache (device-position / capacity planning)
+    adds empty splits, which then add exact zeros in the same order, so its result is bitwise that
+    of a launch planned for the actual length (the backend's captured prefill == its per-chunk
+    forward)."""
     from numba import config
 
-    warps = RED_WARPS if T * Hq <= 256 else 2  # decode: 16 warps (longer chunks: _reduce_rows_kernel)
-    return min(warps, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else warps
-
-
-def _reduce(ws_acc, ws_ml, splits, out, stream):
     T, Hq, D = out.shape
-    if T * Hq > 256:  # prefill chunks: a warp per row (the choice depends on the rows only)
+    if T * Hq > 256:  # prefill chunks: a warp per row
         _reduce_rows_kernel[-(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS, stream](ws_acc, ws_ml, splits, out)
         return
-    warps = _reduce_warps(T, Hq)
+    warps = min(RED_WARPS, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else RED_WARPS  # decode rows
     _reduce_kernel[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out)
 
 

@@ -75,8 +75,8 @@ class PagedKVCache:
         self.gscale = np.ones((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head]
         # second-level scales fixed for this layer? Layers without a two-level format have none
         # to fix (then the CUDA backend need not run their first chunk apart).
-        self._uncalibrated = np.array([any(f in TWO_LEVEL for f in kv) for kv in table.layers], bool)
-        self.calibrated = ~self._uncalibrated
+        self._two_level = np.array([any(f in TWO_LEVEL for f in kv) for kv in table.layers], bool)
+        self.calibrated = ~self._two_level
 
     def _new_pool(self, fmt: str) -> Pool:
         """An empty host pool (it grows as tokens arrive); the device cache allocates its own."""
@@ -148,7 +148,7 @@ class PagedKVCache:
                 pool.free.extend(int(x) for x in tail[tail >= 0])
                 tail[tail >= 0] = -1
         if self.length == 0:
-            self.calibrated[:] = ~self._uncalibrated
+            self.calibrated[:] = ~self._two_level
 
     # -- reading -----------------------------------------------------------------------------------
     def attend(self, layer: int, q: np.ndarray, pos0: int, sm_scale: float) -> np.ndarray:
