@@ -14,31 +14,13 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from coldkv.numba_kernels.ptx import asm as _asm
 from coldkv.numba_kernels.quant import ref_e4m3_decode
 
 _E4M3_TAB = ref_e4m3_decode(np.arange(256, dtype=np.uint8)).astype(np.float32)
 
 
 # ------------------------------------------------------------------------------ inline PTX
-def _asm(ptx: str, constraints: str, ret, args):
-    """A Numba intrinsic emitting one inline-PTX block with a fixed signature (arguments are cast
-    to `args`; a tuple `ret` is a multi-output asm)."""
-    names = ", ".join(f"a{i}" for i in range(len(args)))
-
-    def codegen(context, builder, sig, llargs):
-        lt = [context.get_value_type(t) for t in args]
-        tup = isinstance(ret, types.BaseTuple)
-        rt = ir.LiteralStructType([context.get_value_type(t) for t in ret.types]) if tup else context.get_value_type(ret)
-        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, lt), ptx, constraints, side_effect=False), list(llargs))
-        if tup:
-            return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(len(ret.types))])
-        return r
-
-    ns = {"ret": ret, "args": args, "codegen": codegen}
-    exec(f"def f(typingctx, {names}):\n    return ret(*args), codegen\n", ns)
-    return intrinsic(ns["f"])
-
-
 _u32, _f32 = types.uint32, types.float32
 _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
 _MMA_C = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"

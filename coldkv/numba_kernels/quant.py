@@ -698,6 +698,67 @@ else:
         return np.int64(libdevice.byte_perm(np.int32(lo), np.int32(hi), np.int32(sel))) & 0xFFFFFFFF
 
 
+# E2M1 magnitude of |y| by six saturating float ops, no integer work (the ALU pipe, half the rate
+# of the FMA pipe on sm_90, bounded the integer encoder e2m1_enc_bits; ncu at 8b53cfa):
+#   mag = rint(2 min(|y|, 2)) + rint(clamp(|y| - 2, 0, 2)) + rint(clamp(|y|/2 - 2, 0, 1))
+# The three clamps are .sat (clamp to [0, 1]) of |y|/2, |y|/2 - 1 and |y|/2 - 2, all exact; the
+# roundings are the RNE of adding 2^23, chained: a later term is nonzero only when the earlier
+# sum is even (4, then 6), so the chained sum breaks ties exactly as each term would, i.e. ties to
+# the even E2M1 code. Returns the float bits 0x4B000000 + mag. NaN gives 0 (.sat flushes NaN);
+# callers never encode NaN on this path (such groups are poisoned, or take e2m1_enc_bits).
+# PRMT with a selector nibble's bit 3 set replicates that byte's sign (int8 -> s16 lanes).
+if config.ENABLE_CUDASIM:
+    def _sat(v):
+        return min(max(v, 0.0), 1.0) if v == v else 0.0
+
+    def e2m1_mag_bits(y):
+        a = abs(float(np.float32(y)))
+        u = np.float32(_sat(float(np.float32(a * 0.5))))
+        v = np.float32(_sat(float(np.float32(a * 0.5 - 1.0))))  # fma: one rounding
+        w = np.float32(_sat(float(np.float32(a * 0.5 - 2.0))))
+        t = np.float32(float(u) * 4.0 + 8388608.0)
+        t = np.float32(float(v) * 2.0 + float(t))
+        t = np.float32(float(w) + float(t))
+        return np.uint32(t.view(np.uint32))
+
+    def _lanes(x, signed):
+        lo, hi = int(x) & 0xFFFF, (int(x) >> 16) & 0xFFFF
+        if signed:
+            lo, hi = lo - ((lo & 0x8000) << 1), hi - ((hi & 0x8000) << 1)
+        return lo, hi
+
+    def _simd16(op, signed):
+        def f(a, b):
+            (a0, a1), (b0, b1) = _lanes(a, signed), _lanes(b, signed)
+            return np.uint32((op(a0, b0) & 0xFFFF) | ((op(a1, b1) & 0xFFFF) << 16))
+        return f
+
+    max_u16x2, max_s16x2, min_s16x2 = _simd16(max, False), _simd16(max, True), _simd16(min, True)
+
+    def prmt_s(lo, hi, sel):
+        both = (int(hi) << 32) | int(lo)
+        r = 0
+        for i in range(4):
+            n = (int(sel) >> (4 * i)) & 15
+            b = (both >> (8 * (n & 7))) & 0xFF
+            r |= ((0xFF if b & 0x80 else 0) if n & 8 else b) << (8 * i)
+        return np.uint32(r)
+else:
+    from numba import types as _t
+
+    from coldkv.numba_kernels.ptx import asm
+
+    e2m1_mag_bits = asm(
+        "{.reg .f32 a, u, v, w, t;\n abs.f32 a, $1;\n mul.rn.sat.f32 u, a, 0f3F000000;\n"
+        " fma.rn.sat.f32 v, a, 0f3F000000, 0fBF800000;\n fma.rn.sat.f32 w, a, 0f3F000000, 0fC0000000;\n"
+        " fma.rn.f32 t, u, 0f40800000, 0f4B000000;\n fma.rn.f32 t, v, 0f40000000, t;\n"
+        " add.rn.f32 t, w, t;\n mov.b32 $0, t;}", "=r,f", _t.uint32, (_t.float32,))
+    max_u16x2 = asm("max.u16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
+    max_s16x2 = asm("max.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
+    min_s16x2 = asm("min.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
+    prmt_s = asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", _t.uint32, (_t.uint32, _t.uint32, _t.uint32))
+
+
 # 4-bit decode by byte tables: the fp32 value of every E2M1 / ISO3 code has only its top two bytes
 # nonzero, so PRMT looks up byte 3 and byte 2 of 4 values at once (tables indexed by magnitude),
 # a third PRMT turns the 4 sign bits into 0x80 bytes, and two more interleave the bytes into the
@@ -722,6 +783,18 @@ def _dec4(t3lo, t3hi, t2lo, t2hi, w):
 
 
 # ---------------------------------------------------------------------------------- append
+# Fast E2M1 packing (r finite; requant from int8 also s >= 0, so sign(value * r) = sign bit of
+# the source): magnitudes from e2m1_mag_bits added at their nibbles (the 0x4B000000 biases of nibbles
+# 0 and 1 sum to 0xFB000000, which the start value cancels; higher ones shift out), sign bits
+# moved from the source words by PRMT: even values' signs to bit 3 of each byte, odd ones' to 7.
+_MAG_BIAS = np.uint32(0x05000000)
+
+
+@cuda.jit(device=True)
+def _signs8(e, o):
+    return (_u32(e) >> np.uint32(4)) & np.uint32(0x08080808) | _u32(o) & np.uint32(0x80808080)
+
+
 def _make_append(F):
     """Quantize-append kernel for format F (same semantics as append_cpu; x [T, H, D] fp32, row
     (t, h) goes to table[h, (pos0 + t) // P]). Lane unit s = 16 consecutive values x.flat[16 s:]."""
@@ -782,7 +855,23 @@ def _make_append(F):
                 r = group_mult(sb, g)
                 lo = 0
                 hi = 0
-                if sb != E4M3_NAN:
+                if F != ISO3 and sb != E4M3_NAN and r <= F32_MAX:  # E2M1: the fast encoder
+                    lo = _MAG_BIAS
+                    hi = _MAG_BIAS
+                    for j in range(8):
+                        lo = _u32(lo + (e2m1_mag_bits(v[j] * r) << np.uint32(4 * j)))
+                        hi = _u32(hi + (e2m1_mag_bits(v[8 + j] * r) << np.uint32(4 * j)))
+                    for k in range(2):  # sign(v r) = sign(v): the sign bytes of values 8k..8k+7
+                        b = (_u32(f32_bits(v[8 * k])), _u32(f32_bits(v[8 * k + 1])), _u32(f32_bits(v[8 * k + 2])),
+                             _u32(f32_bits(v[8 * k + 3])), _u32(f32_bits(v[8 * k + 4])), _u32(f32_bits(v[8 * k + 5])),
+                             _u32(f32_bits(v[8 * k + 6])), _u32(f32_bits(v[8 * k + 7])))
+                        sg = _signs8(prmt_s(prmt_s(b[0], b[2], 0x73), prmt_s(b[4], b[6], 0x73), 0x5410),
+                                     prmt_s(prmt_s(b[1], b[3], 0x73), prmt_s(b[5], b[7], 0x73), 0x5410))
+                        if k == 0:
+                            lo |= sg
+                        else:
+                            hi |= sg
+                elif sb != E4M3_NAN:
                     for j in range(8):
                         lo |= _enc4(F, v[j], r) << (4 * j)
                         hi |= _enc4(F, v[8 + j], r) << (4 * j)
@@ -1112,10 +1201,19 @@ def _dec_code(fmt, c):
 
 @cuda.jit(device=True)
 def _rq_table(fmt, d, r):
-    """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude)."""
+    """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude).
+    r finite: e2m1_mag_bits summed at byte m (the 0x4B000000 bias shifts out of bytes 1-3; byte 4
+    of hi subtracts it); else e2m1_enc_bits (any NaN encodes to magnitude 7, as the CPU does)."""
+    if r <= F32_MAX:
+        lo = np.uint32(0)
+        hi = np.uint32(e2m1_mag_bits(_dec_code(fmt, 4) * d * r) - np.uint32(0x4B000000))
+        for m in range(1, 4):
+            lo = _u32(lo + (e2m1_mag_bits(_dec_code(fmt, m) * d * r) << np.uint32(8 * m)))
+            hi = _u32(hi + (e2m1_mag_bits(_dec_code(fmt, m + 4) * d * r) << np.uint32(8 * m)))
+        return np.int64(lo), np.int64(hi)
     lo = 0
     hi = 0
-    for m in range(4):  # no NaN canonicalisation: any NaN encodes to magnitude 7 (e2m1_enc_bits)
+    for m in range(4):
         lo |= _e2m1_mag(_dec_code(fmt, m) * d * r) << (8 * m)
         hi |= _e2m1_mag(_dec_code(fmt, m + 4) * d * r) << (8 * m)
     return lo, hi
@@ -1197,22 +1295,28 @@ def _i8f(xb, k):
 
 
 @cuda.jit(device=True)
-def _bf16_m4(a, b, c, d, mh, ml):
-    """Running maxima of |bits| of the high and low bf16 halves of 4 words."""
-    m = np.uint32(0x7FFF0000)
-    n = np.uint32(0x7FFF)
-    mh = max(max(mh, _u32(a) & m), max(_u32(b) & m, max(_u32(c) & m, _u32(d) & m)))
-    ml = max(max(ml, _u32(a) & n), max(_u32(b) & n, max(_u32(c) & n, _u32(d) & n)))
-    return mh, ml
+def _bf16_m4(a, b, c, d, m):
+    """Running max of |bits| of the bf16 halves of 4 words, two at a time (u16x2 lanes)."""
+    k = np.uint32(0x7FFF7FFF)
+    return max_u16x2(max_u16x2(m, _u32(a) & k), max_u16x2(_u32(b) & k, max_u16x2(_u32(c) & k, _u32(d) & k)))
 
 
 @cuda.jit(device=True)
-def _i8_m4(a, b, c, d, mc):
-    """Running max |code| (as float32) of the 16 int8 codes of 4 words."""
+def _i8_m4(a, b, c, d, mx, mn):
+    """Running max and min of the 16 int8 codes of 4 words, in s16x2 lanes (PRMT sign-extends
+    bytes 0, 2 and 1, 3 into the two lanes)."""
     for x in (a, b, c, d):
-        xb = _u32(x) ^ np.uint32(0x80808080)
-        mc = max(mc, max(max(abs(_i8f(xb, 0)), abs(_i8f(xb, 1))), max(abs(_i8f(xb, 2)), abs(_i8f(xb, 3)))))
-    return mc
+        e = prmt_s(x, 0, 0xA280)
+        o = prmt_s(x, 0, 0xB391)
+        mx = max_s16x2(mx, max_s16x2(e, o))
+        mn = min_s16x2(mn, min_s16x2(e, o))
+    return mx, mn
+
+
+@register_jitable
+def _s16(x):
+    """Signed 16-bit lane value (x: 0..0xFFFF)."""
+    return np.int64((x & 0xFFFF) ^ 0x8000) - 0x8000
 
 
 @cuda.jit(device=True)
@@ -1223,15 +1327,15 @@ def _rq_max_bf16(F, w, sw, s, stp, par, g, c32, b):
     quarter times its step; when such a max is not finite the values are read again from memory
     and taken one by one (rare)."""
     amax = np.float32(0.0)
-    mh, ml = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0), np.uint32(0))
-    mh, ml = _bf16_m4(w[4], w[5], w[6], w[7], mh, ml)
-    mh, ml = _bf16_m4(w[8], w[9], w[10], w[11], mh, ml)
-    mh, ml = _bf16_m4(w[12], w[13], w[14], w[15], mh, ml)
-    mh, ml = _bf16_m4(w[16], w[17], w[18], w[19], mh, ml)
-    mh, ml = _bf16_m4(w[20], w[21], w[22], w[23], mh, ml)
-    mh, ml = _bf16_m4(w[24], w[25], w[26], w[27], mh, ml)
-    mh, ml = _bf16_m4(w[28], w[29], w[30], w[31], mh, ml)
-    m = max(mh >> np.uint32(16), ml)
+    m = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0))
+    m = _bf16_m4(w[4], w[5], w[6], w[7], m)
+    m = _bf16_m4(w[8], w[9], w[10], w[11], m)
+    m = _bf16_m4(w[12], w[13], w[14], w[15], m)
+    m = _bf16_m4(w[16], w[17], w[18], w[19], m)
+    m = _bf16_m4(w[20], w[21], w[22], w[23], m)
+    m = _bf16_m4(w[24], w[25], w[26], w[27], m)
+    m = _bf16_m4(w[28], w[29], w[30], w[31], m)
+    m = max(_u32(m) >> np.uint32(16), _u32(m) & np.uint32(0xFFFF))
     if m < np.uint32(0x7F80):
         gm = bits_f32(m << np.uint32(16))
         return gm, gm
@@ -1246,10 +1350,12 @@ def _rq_max_bf16(F, w, sw, s, stp, par, g, c32, b):
 @cuda.jit(device=True)
 def _rq_max_int8(F, w, sw, s, stp, par, g, c32, b):
     amax = np.float32(0.0)
-    mc = _i8_m4(w[0], w[1], w[2], w[3], np.float32(0.0))
-    mc = _i8_m4(w[4], w[5], w[6], w[7], mc)
-    mc = _i8_m4(w[8], w[9], w[10], w[11], mc)
-    mc = _i8_m4(w[12], w[13], w[14], w[15], mc)
+    mx, mn = _i8_m4(w[0], w[1], w[2], w[3], np.uint32(0), np.uint32(0))
+    mx, mn = _i8_m4(w[4], w[5], w[6], w[7], mx, mn)
+    mx, mn = _i8_m4(w[8], w[9], w[10], w[11], mx, mn)
+    mx, mn = _i8_m4(w[12], w[13], w[14], w[15], mx, mn)
+    ci = max(max(_s16(mx), _s16(_u32(mx) >> np.uint32(16))), -min(_s16(mn), _s16(_u32(mn) >> np.uint32(16))))
+    mc = bits_f32(np.uint32(0x4B000000) | np.uint32(ci)) - np.float32(8388608.0)  # 0..128, exact
     gm = abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
     if gm <= F32_MAX:
         return gm, gm
@@ -1300,6 +1406,31 @@ def _i8_enc2(a, b, s, r):
 
 
 @cuda.jit(device=True)
+def _bf16_enc8(a, b, c, d, r):
+    acc = _MAG_BIAS
+    sh = np.uint32(0)
+    for x in (a, b, c, d):
+        x = _u32(x)
+        acc = _u32(acc + (e2m1_mag_bits(bits_f32(x << np.uint32(16)) * r) << sh))
+        acc = _u32(acc + (e2m1_mag_bits(bits_f32(x & np.uint32(0xFFFF0000)) * r) << (sh + np.uint32(4))))
+        sh += np.uint32(8)
+    lo = prmt_s(a, b, 0x7351)  # bytes 1 and 3 (the sign bytes) of a and b, then of c and d
+    hi = prmt_s(c, d, 0x7351)
+    return acc | _signs8(prmt_s(lo, hi, 0x5410), prmt_s(lo, hi, 0x7632))
+
+
+@cuda.jit(device=True)
+def _i8_enc8(a, b, s, r):
+    xa = _u32(a) ^ np.uint32(0x80808080)
+    xb = _u32(b) ^ np.uint32(0x80808080)
+    acc = _MAG_BIAS
+    for k in range(4):
+        acc = _u32(acc + (e2m1_mag_bits((_i8f(xa, k) * s) * r) << np.uint32(4 * k)))
+        acc = _u32(acc + (e2m1_mag_bits((_i8f(xb, k) * s) * r) << np.uint32(4 * k + 16)))
+    return acc | _signs8(prmt_s(a, b, 0x6420), prmt_s(a, b, 0x7531))
+
+
+@cuda.jit(device=True)
 def _rq_emit_bf16(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
     """Pass 2 of one 64-value unit: its E4M3 scale from the group max gm, then its 32 code bytes
     (bf16: output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
@@ -1309,6 +1440,12 @@ def _rq_emit_bf16(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
     if sb == E4M3_NAN:
         _stf4(o32, ob, (0, 0, 0, 0))
         _stf4(o32, ob + 4, (0, 0, 0, 0))
+        return
+    if r <= F32_MAX:
+        _stf4(o32, ob, (_bf16_enc8(w[0], w[1], w[2], w[3], r), _bf16_enc8(w[4], w[5], w[6], w[7], r),
+                        _bf16_enc8(w[8], w[9], w[10], w[11], r), _bf16_enc8(w[12], w[13], w[14], w[15], r)))
+        _stf4(o32, ob + 4, (_bf16_enc8(w[16], w[17], w[18], w[19], r), _bf16_enc8(w[20], w[21], w[22], w[23], r),
+                            _bf16_enc8(w[24], w[25], w[26], w[27], r), _bf16_enc8(w[28], w[29], w[30], w[31], r)))
         return
     _stf4(o32, ob, (_bf16_enc4(w[0], w[1], w[2], w[3], r), _bf16_enc4(w[4], w[5], w[6], w[7], r),
                     _bf16_enc4(w[8], w[9], w[10], w[11], r), _bf16_enc4(w[12], w[13], w[14], w[15], r)))
@@ -1326,6 +1463,12 @@ def _rq_emit_int8(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
     if sb == E4M3_NAN:
         _stf4(o32, ob, (0, 0, 0, 0))
         _stf4(o32, ob + 4, (0, 0, 0, 0))
+        return
+    if r <= F32_MAX and s >= np.float32(0.0):
+        _stf4(o32, ob, (_i8_enc8(w[0], w[1], s, r), _i8_enc8(w[2], w[3], s, r),
+                        _i8_enc8(w[4], w[5], s, r), _i8_enc8(w[6], w[7], s, r)))
+        _stf4(o32, ob + 4, (_i8_enc8(w[8], w[9], s, r), _i8_enc8(w[10], w[11], s, r),
+                            _i8_enc8(w[12], w[13], s, r), _i8_enc8(w[14], w[15], s, r)))
         return
     _stf4(o32, ob, (_i8_enc2(w[0], w[1], s, r), _i8_enc2(w[2], w[3], s, r),
                     _i8_enc2(w[4], w[5], s, r), _i8_enc2(w[6], w[7], s, r)))
@@ -1509,12 +1652,8 @@ def launch_append(fmt_id, x, pos0, table, codes, scales, gscale, stream=0):
     units = math.ceil(T * H * D / (16 * 32))  # a lane quantizes 16 values
     if not units:
         return
-    if int(fmt_id) in (NVFP4, C4G64):  # the faster kernel measured for these (see append_cuda_rt)
-        append_cuda_rt[min(_MAX_BLOCKS, math.ceil(units / _WARPS)), 32 * _WARPS, stream](
-            fmt_id, x, pos0, table, codes, scales, gscale)
-    else:
-        k = append_cuda[int(fmt_id)]
-        k[_grid(k, units), 32 * _WARPS, stream](x, pos0, table, codes, scales, gscale)
+    k = append_cuda[int(fmt_id)]
+    k[_grid(k, units), 32 * _WARPS, stream](x, pos0, table, codes, scales, gscale)
 
 
 def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
