@@ -706,20 +706,25 @@ else:
 # sum is even (4, then 6), so the chained sum breaks ties exactly as each term would, i.e. ties to
 # the even E2M1 code. Returns the float bits 0x4B000000 + mag. NaN gives 0 (.sat flushes NaN);
 # callers never encode NaN on this path (such groups are poisoned, or take e2m1_enc_bits).
+# e2m1_mag_bits_x(x, c) is the magnitude of y = 2 c x for a power of two c (the exact scaling
+# folds into the clamps' multiplier).
 # PRMT with a selector nibble's bit 3 set replicates that byte's sign (int8 -> s16 lanes).
 if config.ENABLE_CUDASIM:
     def _sat(v):
         return min(max(v, 0.0), 1.0) if v == v else 0.0
 
-    def e2m1_mag_bits(y):
-        a = abs(float(np.float32(y)))
-        u = np.float32(_sat(float(np.float32(a * 0.5))))
-        v = np.float32(_sat(float(np.float32(a * 0.5 - 1.0))))  # fma: one rounding
-        w = np.float32(_sat(float(np.float32(a * 0.5 - 2.0))))
+    def e2m1_mag_bits_x(y, c):
+        a = abs(float(np.float32(y))) * float(c)  # c a power of two: exact
+        u = np.float32(_sat(float(np.float32(a))))
+        v = np.float32(_sat(float(np.float32(a - 1.0))))  # fma: one rounding
+        w = np.float32(_sat(float(np.float32(a - 2.0))))
         t = np.float32(float(u) * 4.0 + 8388608.0)
         t = np.float32(float(v) * 2.0 + float(t))
         t = np.float32(float(w) + float(t))
         return np.uint32(t.view(np.uint32))
+
+    def e2m1_mag_bits(y):
+        return e2m1_mag_bits_x(y, 0.5)
 
     def _lanes(x, signed):
         lo, hi = int(x) & 0xFFFF, (int(x) >> 16) & 0xFFFF
@@ -748,11 +753,12 @@ else:
 
     from coldkv.numba_kernels.ptx import asm
 
-    e2m1_mag_bits = asm(
-        "{.reg .f32 a, u, v, w, t;\n abs.f32 a, $1;\n mul.rn.sat.f32 u, a, 0f3F000000;\n"
-        " fma.rn.sat.f32 v, a, 0f3F000000, 0fBF800000;\n fma.rn.sat.f32 w, a, 0f3F000000, 0fC0000000;\n"
-        " fma.rn.f32 t, u, 0f40800000, 0f4B000000;\n fma.rn.f32 t, v, 0f40000000, t;\n"
-        " add.rn.f32 t, w, t;\n mov.b32 $0, t;}", "=r,f", _t.uint32, (_t.float32,))
+    _MAG = ("{{.reg .f32 a, u, v, w, t;\n abs.f32 a, $1;\n mul.rn.sat.f32 u, a, {0};\n"
+            " fma.rn.sat.f32 v, a, {0}, 0fBF800000;\n fma.rn.sat.f32 w, a, {0}, 0fC0000000;\n"
+            " fma.rn.f32 t, u, 0f40800000, 0f4B000000;\n fma.rn.f32 t, v, 0f40000000, t;\n"
+            " add.rn.f32 t, w, t;\n mov.b32 $0, t;}}")
+    e2m1_mag_bits = asm(_MAG.format("0f3F000000"), "=r,f", _t.uint32, (_t.float32,))
+    e2m1_mag_bits_x = asm(_MAG.format("$2"), "=r,f,f", _t.uint32, (_t.float32, _t.float32))
     max_u16x2 = asm("max.u16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     max_s16x2 = asm("max.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     min_s16x2 = asm("min.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
@@ -1136,19 +1142,16 @@ def _make_dequant(F):
 
 
 # ---------------------------------------------------------------------------------- requant
-@register_jitable
-def _sel4(x):
-    """The 4 low nibbles of x's 4 bytes as a PRMT selector (nibble i = byte i & 7)."""
-    x = _u32(x) & np.uint32(0x07070707)
-    x = (x | (x >> np.uint32(4))) & np.uint32(0x00FF00FF)
-    return (x | (x >> np.uint32(8))) & np.uint32(0xFFFF)
-
-
 @cuda.jit(device=True)
 def _lut_word(lo, hi, w):
     """8 output codes of source word w (8 nibbles) from the magnitude table hi:lo (byte m = code
-    magnitude for source magnitude m): the even nibbles, and the odd ones from the table << 4."""
-    return _prmt(lo, hi, _sel4(w)) | _prmt(lo << 4, hi << 4, _sel4(_u32(w) >> np.uint32(4)))
+    magnitude for source magnitude m): PRMT looks up nibbles 0-3 and 4-7 (sign bits cleared: a
+    selector nibble's bit 3 means sign-replicate), r + (r >> 4) packs each pair of result bytes
+    into one byte (magnitudes are < 8: no carries), a last PRMT gathers the four packed bytes."""
+    x = _u32(w) & np.uint32(0x77777777)
+    a = prmt_s(lo, hi, x)
+    b = prmt_s(lo, hi, x >> np.uint32(16))
+    return prmt_s(_u32(a + (a >> np.uint32(4))), _u32(b + (b >> np.uint32(4))), 0x6420)
 
 
 @register_jitable
@@ -1204,6 +1207,19 @@ def _rq_table(fmt, d, r):
     """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude).
     r finite: e2m1_mag_bits summed at byte m (the 0x4B000000 bias shifts out of bytes 1-3; byte 4
     of hi subtracts it); else e2m1_enc_bits (any NaN encodes to magnitude 7, as the CPU does)."""
+    ad = abs(d)
+    if fmt != 3 and r <= F32_MAX and ad <= np.float32(2.0 ** 125) and (ad >= np.float32(2.0 ** -125) or d == 0):
+        # E2M1 sources, d normal: dec(m) is 2^k or 1.5 * 2^k, so dec(m) d r = 2^k fl(d r) or
+        # 2^k fl(fl(1.5 d) r) exactly (a product so small that the scaling rounds encodes to 0
+        # either way); entries past the quarter's largest magnitude are never looked up
+        a = d * r
+        b = (d * np.float32(1.5)) * r
+        lo = _u32((e2m1_mag_bits_x(a, np.float32(0.25)) << np.uint32(8)) + (e2m1_mag_bits_x(a, np.float32(0.5)) << np.uint32(16))
+                  + (e2m1_mag_bits_x(b, np.float32(0.5)) << np.uint32(24)))
+        hi = _u32(e2m1_mag_bits_x(a, np.float32(1.0)) - np.uint32(0x4B000000)
+                  + (e2m1_mag_bits_x(b, np.float32(1.0)) << np.uint32(8)) + (e2m1_mag_bits_x(a, np.float32(2.0)) << np.uint32(16))
+                  + (e2m1_mag_bits_x(b, np.float32(2.0)) << np.uint32(24)))
+        return np.int64(lo), np.int64(hi)
     if r <= F32_MAX:
         lo = np.uint32(0)
         hi = np.uint32(e2m1_mag_bits(_dec_code(fmt, 4) * d * r) - np.uint32(0x4B000000))
@@ -1575,8 +1591,11 @@ def _make_requant(F):
             if lane == 0:
                 red[par, wid] = amax
             cuda.syncthreads()
-            for k in range(nwarp):
-                amax = max(amax, red[par, k])
+            # the warps' maxima, one per lane, reduced by shuffles (a loop over red compiled to
+            # ~126 uniform instructions per thread and page; ncu at 27e5992)
+            amax = red[par, lane] if lane < nwarp else np.float32(0.0)
+            for sh in (16, 8, 4, 2, 1):
+                amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
             g2 = global_scale_for(amax)
             if tid == 0:
                 out_g[j] = g2
