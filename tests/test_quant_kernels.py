@@ -283,6 +283,69 @@ def test_e2m1_enc_bits_matches_scalar_core():
     assert [Q.e2m1_enc_bits(a) for a in v] == [fp.e2m1_enc(a) for a in v]
 
 
+def _mag_probe_values():
+    """E2M1 decision boundaries and grid points (and 4 ulps around each), scaled by the
+    multipliers e2m1_mag_bits_x is used with, plus random magnitudes, zeros, subnormals, huge."""
+    pts = np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0])
+    b = pts.view(np.uint32).astype(np.int64)
+    near = (b[:, None] + np.arange(-4, 5)[None, :]).reshape(-1).astype(np.uint32).view(np.float32)
+    rng = np.random.default_rng(5)
+    rnd = (rng.random(3000) * 9).astype(np.float32)
+    return np.concatenate([near, rnd, np.float32([0.0, 1e-45, 1e-39, 1e30, 3.4e38, np.inf])])
+
+
+def test_e2m1_mag_bits_matches_reference():
+    """The saturating-float E2M1 encoder (its simulator emulation here; the device asm is
+    checked exhaustively by test_gpu_e2m1_mag_bits_exhaustive) == ml_dtypes-checked ref magnitudes,
+    for y and for 2 c y (e2m1_mag_bits_x, c a power of two)."""
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("device functions are called from Python under the simulator only")
+    y = _mag_probe_values()
+    for c in (0.5, 0.25, 1.0, 2.0):
+        for sign in (1, -1):
+            v = (np.float32(sign) * y).astype(np.float32)
+            want = Q.ref_e2m1_encode((v.astype(np.float64) * 2 * c).astype(np.float32)) & 7
+            got = np.array([int(Q.e2m1_mag_bits_x(a, np.float32(c))) - 0x4B000000 for a in v])
+            np.testing.assert_array_equal(got, want, err_msg=f"c={c}")
+    assert int(Q.e2m1_mag_bits(np.float32(np.nan))) == 0x4B000000  # NaN -> 0 (callers avoid it)
+
+
+def test_simd_lane_emulations():
+    """The simulator's u16x2/s16x2 max/min and sign-replicating PRMT, from the PTX definitions."""
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("device functions are called from Python under the simulator only")
+    assert Q.max_u16x2(0x8001FFFF, 0x7FFF0001) == 0x8001FFFF
+    assert Q.max_s16x2(0x8001FFFF, 0x7FFF0001) == 0x7FFF0001
+    assert Q.min_s16x2(0x8001FFFF, 0x7FFF0001) == 0x8001FFFF
+    w = np.uint32(0x80FF7F01)  # int8 codes 1, 127, -1, -128
+    assert Q.prmt_s(w, 0, 0xA280) == 0xFFFF0001  # bytes 0, 2 sign-extended: 1, -1
+    assert Q.prmt_s(w, 0, 0xB391) == 0xFF80007F  # bytes 1, 3: 127, -128
+
+
+@cuda.jit
+def _mag_mismatch_kernel(lo, n, c, bad):
+    i = cuda.grid(1)
+    st = cuda.gridsize(1)
+    for k in range(i, n, st):
+        v = Q.bits_f32(np.uint32(lo + k))
+        for sgn in (np.float32(1.0), np.float32(-1.0)):
+            y = sgn * v
+            want = Q.e2m1_enc_bits(y * np.float32(2.0 * c)) & 7
+            if np.int64(Q.e2m1_mag_bits_x(y, np.float32(c))) - 0x4B000000 != want:
+                cuda.atomic.add(bad, 0, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_e2m1_mag_bits_exhaustive():
+    """The device asm encoder == e2m1_enc_bits (itself exhaustively == the scalar core) on every
+    float32 with |y| <= 16, for each multiplier the kernels use."""
+    hi = int(np.float32(16.0).view(np.uint32)) + 1
+    for c in (0.5, 0.25, 1.0, 2.0):
+        bad = cuda.to_device(np.zeros(1, np.int64))
+        _mag_mismatch_kernel[4096, 256](0, hi, c, bad)
+        assert bad.copy_to_host()[0] == 0, c
+
+
 def test_bit_decoders_match_scalar_cores():
     for c in range(16):
         assert bits(np.float32(Q.e2m1_dec_bits(c))) == bits(np.float32(fp.e2m1_dec(c)))
