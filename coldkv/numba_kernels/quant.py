@@ -888,99 +888,6 @@ def _make_append(F):
     return append
 
 
-# ---------------------------------------------------------------------------------- append, nvfp4/c4g64
-# Measured on the H200 in one run (bench/results/codecs.json, docs/formats.md): the per-format
-# append kernel below with e2m1_enc_bits ran nvfp4 at 0.56x and c4g64 at 0.53x of the copy kernel,
-# this 08b0439 kernel (format id at run time, float-only E2M1 encoder) at 0.70x and 0.64x, so the
-# launcher keeps it for those two formats. Its source is the 08b0439 kernel unchanged (PTX
-# identical); why the newer encoder lost there: its integer branch compiled to a per-value
-# divergent branch with 64-bit adds (docs).
-@register_jitable
-def _e2m1_enc_f32ops(v):
-    """e2m1_enc_bits of commit 08b0439: float-only rounding to the E2M1 grid (same results)."""
-    a = min(abs(np.float32(v)), np.float32(6.0))
-    big = np.float32(16777216.0) if a >= np.float32(4.0) else (
-        np.float32(8388608.0) if a >= np.float32(2.0) else np.float32(4194304.0))
-    q = (a + big) - big
-    m = min(q + q, min(q + np.float32(2.0), q * np.float32(0.5) + np.float32(4.0)))
-    return ((f32_bits(v) >> 28) & 8) | (f32_bits(m + np.float32(8388608.0)) - 0x4B000000)
-
-
-@register_jitable
-def _enc4_f32ops(fmt, v, r):
-    return iso3_enc(v, r) if fmt == 3 else _e2m1_enc_f32ops(v * r)
-
-
-@cuda.jit
-def append_cuda_rt(fmt_id, x, pos0, table, codes, scales, gscale):
-    """Same semantics as append_cpu; x [T, H, D] fp32, row (t, h) goes to table[h, (pos0+t) // P].
-
-    Lane unit s = 16 consecutive values x.flat[16 s : 16 s + 16] (one row segment, module comment).
-    """
-    T, H, D = x.shape
-    P = codes.shape[1]
-    lane = cuda.threadIdx.x & 31
-    ld, lh, lp = _log2(D), _log2(H), _log2(P)
-    nseg = (T * H * D) >> 4
-    # lanes sharing a scale: a 64-group 4, an int8 row D/16 (<= 32), a 16-group 1
-    gl = 4 if fmt_id == 4 else ((D >> 4) if fmt_id == 1 else 1)
-    gsh = 6 if fmt_id == 4 else 4
-    v = cuda.local.array(16, np.float32)  # constant indices after unrolling: registers
-    c32 = codes.view(np.uint32)
-    gw = (cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x) >> 5
-    nw = (cuda.gridDim.x * cuda.blockDim.x) >> 5
-    for base in range(gw * 32, nseg, nw * 32):  # warp-uniform trip count: every lane shuffles
-        s = base + lane
-        live = s < nseg
-        row = s >> (ld - 4)
-        c = (s << 4) & (D - 1)
-        t, h = _divmod(row, H, lh)
-        m = 0
-        if live:
-            for k in range(4):
-                v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3] = _ld4(x, (t, h, c + 4 * k))
-            for k in range(16):
-                m = max(m, _absbits(v[k]))
-        if fmt_id >= 1:
-            m = _warp_max_bits(m, gl)
-        if not live:
-            continue
-        pi, pr = _divmod(pos0 + t, P, lp)
-        page = table[h, pi]
-        if page < 0:  # the host wrapper checks the table; a kernel cannot raise
-            continue
-        if fmt_id == 0:  # 16 bf16 = 8 uint32 words
-            for k in range(2):
-                _st4(c32, (page, pr, (c >> 1) + 4 * k),
-                     (bf16_enc(v[8 * k]) | (bf16_enc(v[8 * k + 1]) << 16),
-                      bf16_enc(v[8 * k + 2]) | (bf16_enc(v[8 * k + 3]) << 16),
-                      bf16_enc(v[8 * k + 4]) | (bf16_enc(v[8 * k + 5]) << 16),
-                      bf16_enc(v[8 * k + 6]) | (bf16_enc(v[8 * k + 7]) << 16)))
-        elif fmt_id == 1:  # 16 int8 = 4 uint32 words
-            scale, inv = int8_row_scale(_amax_of_bits(m))
-            if c == 0:
-                scales[page, pr, 0] = scale
-            if inv > np.float32(0.0):
-                _st4(c32, (page, pr, c >> 2), (_int8_word(v, 0, inv), _int8_word(v, 4, inv),
-                                               _int8_word(v, 8, inv), _int8_word(v, 12, inv)))
-            else:
-                _st4(c32, (page, pr, c >> 2), (0, 0, 0, 0))
-        else:  # 16 4-bit codes = 2 uint32 words
-            g = gscale[h]
-            sb = group_scale(fmt_id, _amax_of_bits(m), g)
-            r = group_mult(sb, g)
-            lo = 0
-            hi = 0
-            if sb != E4M3_NAN:
-                for j in range(8):
-                    lo |= _enc4_f32ops(fmt_id, v[j], r) << (4 * j)
-                    hi |= _enc4_f32ops(fmt_id, v[8 + j], r) << (4 * j)
-            _st2(c32, (page, pr, c >> 3), (lo, hi))
-            if (c & ((1 << gsh) - 1)) == 0:
-                scales[page, pr, c >> gsh] = sb
-
-
-
 # ---------------------------------------------------------------------------------- dequant
 @cuda.jit(device=True)
 def _dq_word(cw, wb, idx, nwp):
@@ -1708,7 +1615,6 @@ def _sigs():
         c, s = f"{_CODE_T[f]}[:,:,::1]", f"{_SCALE_T[f]}[:,:,::1]"
         out += [
             (append_cuda[f], f"void(float32[:,:,::1], int64, int32[:,::1], {c}, {s}, float32[::1])"),
-            (append_cuda_rt, f"void(int64, float32[:,:,::1], int64, int32[:,::1], {c}, {s}, float32[::1])"),
             (dequant_pages_cuda[f], f"void({c}, {s}, int32[::1], float32[::1], float32[:,:,::1])"),
             (requant_c4g64_cuda[f], f"void({c}, {s}, int32[::1], float32[::1], "
                                     "uint8[:,:,::1], uint8[:,:,::1], float32[::1])"),
