@@ -1067,6 +1067,11 @@ def _max_mag16(w0, w1):
     on all nibbles at once (SWAR): keep the nibbles that have the next bit when any has it."""
     x0 = _u32(w0) & np.uint32(0x77777777)
     x1 = _u32(w1) & np.uint32(0x77777777)
+    # a group quantized from data almost always holds its top code (the scale maps its max near
+    # the format's largest magnitude): test for magnitude 7 first (bits 0-2 of a nibble all set)
+    if ((x0 & (x0 >> np.uint32(1)) & (x0 >> np.uint32(2))) | (x1 & (x1 >> np.uint32(1)) & (x1 >> np.uint32(2)))) \
+            & np.uint32(0x11111111) != np.uint32(0):
+        return np.int64(7)
     m = np.uint32(0)
     if ((x0 | x1) & np.uint32(0x44444444)) != np.uint32(0):
         m = np.uint32(4)
