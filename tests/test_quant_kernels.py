@@ -457,6 +457,14 @@ def test_requant_cuda_rereads_units_past_block(fmt, monkeypatch):
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
+def test_requant_cuda_one_block_walks_all_pages(fmt, monkeypatch):
+    """A grid smaller than the page list: each block takes several pages in turn (the next page's
+    unit prefetched while the current one is encoded, shared arrays double-buffered by parity)."""
+    monkeypatch.setattr(Q, "_MAX_BLOCKS", 1)
+    _requant_check(fmt, T=12, H=2, D=64, P=4, seed=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FMTS)
 def test_gpu_requant_large_pages(fmt):

@@ -434,6 +434,9 @@ _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
 _DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
 _RQ_MAX_THREADS = 512  # requant: block size cap (a thread per 64-value unit; more units re-read)
+# requant sources whose next page's unit is loaded while the current page is worked on (a bf16 unit
+# is 32 registers, already 128 in all): once the encoder stopped bounding them they wait on loads
+_RQ_PREFETCH = (INT8, NVFP4, ISO3, C4G64)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
 # last axis (numba emits one scalar access per element otherwise). The launchers check that the
@@ -1453,6 +1456,7 @@ def _make_requant(F):
     Shared arrays are double-buffered by page parity: one barrier per page (two for nvfp4/iso3).
     """
     load = _RQ_LOAD[F]
+    PREFETCH = F in _RQ_PREFETCH
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
@@ -1476,13 +1480,23 @@ def _make_requant(F):
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
         scol_m = (D >> 6) - 1
         par = 0
-        for j in range(cuda.blockIdx.x, pages.shape[0], cuda.gridDim.x):
+        j = cuda.blockIdx.x
+        if PREFETCH and j < pages.shape[0]:
+            pn = np.int64(pages[j])
+            nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
+        while j < pages.shape[0]:
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
             wb = page * wpp
             sb0 = page * spp
             r0 = page * P
-            w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
+            if PREFETCH:  # this page's unit was loaded during the previous page; load the next one's
+                w, sw, s = nxt
+                if j + cuda.gridDim.x < pages.shape[0]:
+                    pn = np.int64(pages[j + cuda.gridDim.x])
+                    nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
+            else:
+                w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
             if F == NVFP4 or F == ISO3:
                 if tid < 128:
                     stp[par, tid] = e4m3_dec(np.int64(tid)) / g
@@ -1521,6 +1535,7 @@ def _make_requant(F):
                 emit(F, w2, sw2, s2, stp, par, g, gm2, g2, o32, ob + 8 * u, out_scales, j,
                          u >> (ld - 6), u & scol_m)
             par ^= 1
+            j += cuda.gridDim.x
 
     return requant
 
