@@ -1,6 +1,8 @@
 """Benchmark the KV codec kernels against a plain copy, validate first (llm.c style).
 
     python bench/codecs.py                      # H200: append / dequant / requant, >= 1 GiB each
+    python bench/codecs.py --ops requant --formats int8,nvfp4 --variants vold=variants.quant_X
+                                                # a subset (cheaper device time)
     python bench/codecs.py --small              # smoke run (also under NUMBA_ENABLE_CUDASIM=1)
     python bench/codecs.py --nmse               # CPU: NMSE table for docs/formats.md
 
@@ -255,7 +257,7 @@ def run_gpu(args, save):
     ok = []
     for kname, Q in modules:
         try:
-            for f in FMTS:
+            for f in args.formats:
                 validate(Q, f)
             ok.append((kname, Q))
         except Exception as exc:  # a variant that fails is reported, not timed; the rest still runs
@@ -274,7 +276,7 @@ def run_gpu(args, save):
           flush=True)
 
     for kname, Q in modules:
-        for f in FMTS:
+        for f in args.formats:
             fid = Q.FORMAT_IDS[f]
             # append: the whole x into a shuffled pool
             table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
@@ -282,7 +284,8 @@ def run_gpu(args, save):
             c0, s0 = Q.pool_arrays(f, 1, P, D)
             codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
             scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
-            ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g), args.repeats)
+            ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g),
+                            args.repeats if "append" in args.ops else 1)
             moved = T * H * D * 4 + pool_bytes(f, H * n_lp)
             # spot-check the big output against the reference
             for h, lp in ((0, 0), (H - 1, n_lp - 1), (H // 2, n_lp // 2)):
@@ -291,43 +294,48 @@ def run_gpu(args, save):
                 assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
                 if rs.size:  # bf16 has zero scale columns (a 0-size device array copies back oddly)
                     assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
-            record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
+            if "append" in args.ops:
+                record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
+            n_rec = len(results["ops"])
 
             # dequantize every page of the pool into fp32 [n, P, D]
             npages = H * n_lp
             pages = rng.permutation(npages).astype(np.int32)
             gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
             d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
-            out = cuda.device_array((npages, P, D), np.float32)
-            ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
-            moved = pool_bytes(f, npages) + npages * P * D * 4
-            for j in (0, npages - 1, npages // 3):
-                ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
-                assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
-            record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw)
-            del out
+            if "dequant" in args.ops:
+                out = cuda.device_array((npages, P, D), np.float32)
+                ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
+                moved = pool_bytes(f, npages) + npages * P * D * 4
+                for j in (0, npages - 1, npages // 3):
+                    ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
+                    assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
+                record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw)
+                del out
 
-            # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
-            per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
-            nreq = max(1, math.ceil(ws / per_page))
-            rpages = np.resize(pages, nreq).astype(np.int32)
-            rgs = np.resize(gs, nreq).astype(np.float32)
-            d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
-            oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
-            oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
-            os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
-            og = cuda.device_array(nreq, np.float32)
-            ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
-            moved = nreq * per_page
-            for j in (0, nreq - 1, nreq // 2):
-                rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
-                                              fid, rgs[j], D)
-                assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
-                assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
-            record(kernels=kname, op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
-                   source_pages_reused=nreq > npages)
-            del codes, scales, oc, os_, og
-            for r in results["ops"][-3:]:
+            if "requant" in args.ops:
+                # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
+                per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
+                nreq = max(1, math.ceil(ws / per_page))
+                rpages = np.resize(pages, nreq).astype(np.int32)
+                rgs = np.resize(gs, nreq).astype(np.float32)
+                d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
+                oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
+                oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
+                os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
+                og = cuda.device_array(nreq, np.float32)
+                ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
+                moved = nreq * per_page
+                for j in (0, nreq - 1, nreq // 2):
+                    rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
+                                                  fid, rgs[j], D)
+                    assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
+                    assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
+                record(kernels=kname, op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
+                       source_pages_reused=nreq > npages)
+                del oc, os_, og
+            del codes, scales
+            for r in results["ops"][n_rec - ("append" in args.ops):]:
                 print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
                       flush=True)
             save(results)
@@ -346,9 +354,17 @@ def main():
     ap.add_argument("--commit", default="", help="git commit to record (when .git is absent)")
     ap.add_argument("--out", default="")
     ap.add_argument("--wait-pid", type=int, default=0, help="time only after this process exits")
+    ap.add_argument("--ops", default="append,dequant,requant", help="ops to time (the append still "
+                    "runs once to fill the pool)")
+    ap.add_argument("--formats", default=",".join(FMTS), help="source formats, comma-separated")
     ap.add_argument("--variants", default="", help="name=module,... other quant.py versions to time too "
                     "(e.g. v306=variants.quant_306a0c7; bench/ is on sys.path)")
     args = ap.parse_args()
+    args.ops = [o for o in args.ops.split(",") if o]
+    args.formats = [f for f in args.formats.split(",") if f]
+    bad = sorted(set(args.ops) - {"append", "dequant", "requant"}) + sorted(set(args.formats) - set(FMTS))
+    if bad:
+        ap.error(f"unknown op or format: {', '.join(bad)}")
     import numba
 
     meta = {
