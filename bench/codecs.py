@@ -294,9 +294,9 @@ def run_gpu(args, save):
                 assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
                 if rs.size:  # bf16 has zero scale columns (a 0-size device array copies back oddly)
                     assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
+            n_rec = len(results["ops"])  # this format's rows start here (printed below)
             if "append" in args.ops:
                 record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
-            n_rec = len(results["ops"])
 
             # dequantize every page of the pool into fp32 [n, P, D]
             npages = H * n_lp
@@ -335,7 +335,7 @@ def run_gpu(args, save):
                        source_pages_reused=nreq > npages)
                 del oc, os_, og
             del codes, scales
-            for r in results["ops"][n_rec - ("append" in args.ops):]:
+            for r in results["ops"][n_rec:]:
                 print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
                       flush=True)
             save(results)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda, njit
 
-from coldkv.numba_kernels import fp
+from coldkv.numba_kernels import fp, ptx
 from coldkv.numba_kernels import quant as Q
 
 FMTS = list(Q.FORMAT_IDS.values())
@@ -311,15 +311,16 @@ def test_e2m1_mag_bits_matches_reference():
 
 
 def test_simd_lane_emulations():
-    """The simulator's u16x2/s16x2 max/min and sign-replicating PRMT, from the PTX definitions."""
+    """The simulator's u16x2/s16x2 max/min and PRMT (with its sign-replicate selectors), from the
+    PTX definitions."""
     if not numba.config.ENABLE_CUDASIM:
         pytest.skip("device functions are called from Python under the simulator only")
     assert Q.max_u16x2(0x8001FFFF, 0x7FFF0001) == 0x8001FFFF
     assert Q.max_s16x2(0x8001FFFF, 0x7FFF0001) == 0x7FFF0001
     assert Q.min_s16x2(0x8001FFFF, 0x7FFF0001) == 0x8001FFFF
     w = np.uint32(0x80FF7F01)  # int8 codes 1, 127, -1, -128
-    assert Q.prmt_s(w, 0, 0xA280) == 0xFFFF0001  # bytes 0, 2 sign-extended: 1, -1
-    assert Q.prmt_s(w, 0, 0xB391) == 0xFF80007F  # bytes 1, 3: 127, -128
+    assert ptx.prmt(w, 0, 0xA280) == 0xFFFF0001  # bytes 0, 2 sign-extended: 1, -1
+    assert ptx.prmt(w, 0, 0xB391) == 0xFF80007F  # bytes 1, 3: 127, -128
 
 
 @cuda.jit

@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from coldkv.numba_kernels.ptx import asm as _asm
+from coldkv.numba_kernels.ptx import asm as _asm, prmt, sim_prmt as _sim_prmt  # noqa: F401 (prmt: re-exported)
 from coldkv.numba_kernels.quant import ref_e4m3_decode
 
 _E4M3_TAB = ref_e4m3_decode(np.arange(256, dtype=np.uint8)).astype(np.float32)
@@ -26,7 +26,6 @@ _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0,$1,$2,$3}}, {{$4,
 _MMA_C = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
 mma_f16 = _asm(_MMA.format("f16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
 mma_bf16 = _asm(_MMA.format("bf16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
-prmt = _asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", _u32, (_u32, _u32, _u32))
 # cvt.rn.{f16,bf16}x2.f32 d, a, b puts a in the upper half: pack(lo, hi)
 pack_f16 = _asm("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
 pack_bf16 = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
@@ -290,15 +289,6 @@ def _sim_f16x2(f, a, b):
     return np.uint32(r[0] | (r[1] << 16))
 
 
-def _sim_prmt(a, b, sel):
-    src = int(a) | (int(b) << 32)
-    r = 0
-    for k in range(4):
-        n = (int(sel) >> (4 * k)) & 7
-        r |= ((src >> (8 * n)) & 0xFF) << (8 * k)
-    return np.uint32(r)
-
-
 def _sim_pack_f16(lo, hi):
     return np.uint32(_sim_to_f16(lo) | (_sim_to_f16(hi) << 16))
 
@@ -458,7 +448,7 @@ from numba import config as _config  # noqa: E402
 SIMULATED = bool(_config.ENABLE_CUDASIM)
 if SIMULATED:
     mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
-    prmt, pack_f16, pack_bf16 = _sim_prmt, _sim_pack_f16, _sim_pack_bf16
+    pack_f16, pack_bf16 = _sim_pack_f16, _sim_pack_bf16
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
     dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2

@@ -36,6 +36,7 @@ from numba import config, cuda
 from numba.extending import register_jitable
 
 from coldkv.numba_kernels.jit_cache import cached_njit
+from coldkv.numba_kernels.ptx import prmt
 from coldkv.numba_kernels.fp import (
     E4M3_MAX,
     E4M3_NAN,
@@ -711,7 +712,6 @@ else:
 # callers never encode NaN on this path (such groups are poisoned, or take e2m1_enc_bits).
 # e2m1_mag_bits_x(x, c) is the magnitude of y = 2 c x for a power of two c (the exact scaling
 # folds into the clamps' multiplier).
-# PRMT with a selector nibble's bit 3 set replicates that byte's sign (int8 -> s16 lanes).
 if config.ENABLE_CUDASIM:
     def _sat(v):
         return min(max(v, 0.0), 1.0) if v == v else 0.0
@@ -743,14 +743,6 @@ if config.ENABLE_CUDASIM:
 
     max_u16x2, max_s16x2, min_s16x2 = _simd16(max, False), _simd16(max, True), _simd16(min, True)
 
-    def prmt_s(lo, hi, sel):
-        both = (int(hi) << 32) | int(lo)
-        r = 0
-        for i in range(4):
-            n = (int(sel) >> (4 * i)) & 15
-            b = (both >> (8 * (n & 7))) & 0xFF
-            r |= ((0xFF if b & 0x80 else 0) if n & 8 else b) << (8 * i)
-        return np.uint32(r)
 else:
     from numba import types as _t
 
@@ -765,7 +757,6 @@ else:
     max_u16x2 = asm("max.u16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     max_s16x2 = asm("max.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     min_s16x2 = asm("min.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
-    prmt_s = asm("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", _t.uint32, (_t.uint32, _t.uint32, _t.uint32))
 
 
 # 4-bit decode by byte tables: the fp32 value of every E2M1 / ISO3 code has only its top two bytes
@@ -874,8 +865,8 @@ def _make_append(F):
                         b = (_u32(f32_bits(v[8 * k])), _u32(f32_bits(v[8 * k + 1])), _u32(f32_bits(v[8 * k + 2])),
                              _u32(f32_bits(v[8 * k + 3])), _u32(f32_bits(v[8 * k + 4])), _u32(f32_bits(v[8 * k + 5])),
                              _u32(f32_bits(v[8 * k + 6])), _u32(f32_bits(v[8 * k + 7])))
-                        sg = _signs8(prmt_s(prmt_s(b[0], b[2], 0x73), prmt_s(b[4], b[6], 0x73), 0x5410),
-                                     prmt_s(prmt_s(b[1], b[3], 0x73), prmt_s(b[5], b[7], 0x73), 0x5410))
+                        sg = _signs8(prmt(prmt(b[0], b[2], 0x73), prmt(b[4], b[6], 0x73), 0x5410),
+                                     prmt(prmt(b[1], b[3], 0x73), prmt(b[5], b[7], 0x73), 0x5410))
                         if k == 0:
                             lo |= sg
                         else:
@@ -1059,9 +1050,9 @@ def _lut_word(lo, hi, w):
     selector nibble's bit 3 means sign-replicate), r + (r >> 4) packs each pair of result bytes
     into one byte (magnitudes are < 8: no carries), a last PRMT gathers the four packed bytes."""
     x = _u32(w) & np.uint32(0x77777777)
-    a = prmt_s(lo, hi, x)
-    b = prmt_s(lo, hi, x >> np.uint32(16))
-    return prmt_s(_u32(a + (a >> np.uint32(4))), _u32(b + (b >> np.uint32(4))), 0x6420)
+    a = prmt(lo, hi, x)
+    b = prmt(lo, hi, x >> np.uint32(16))
+    return prmt(_u32(a + (a >> np.uint32(4))), _u32(b + (b >> np.uint32(4))), 0x6420)
 
 
 @register_jitable
@@ -1237,8 +1228,8 @@ def _i8_m4(a, b, c, d, mx, mn):
     """Running max and min of the 16 int8 codes of 4 words, in s16x2 lanes (PRMT sign-extends
     bytes 0, 2 and 1, 3 into the two lanes)."""
     for x in (a, b, c, d):
-        e = prmt_s(x, 0, 0xA280)
-        o = prmt_s(x, 0, 0xB391)
+        e = prmt(x, 0, 0xA280)
+        o = prmt(x, 0, 0xB391)
         mx = max_s16x2(mx, max_s16x2(e, o))
         mn = min_s16x2(mn, min_s16x2(e, o))
     return mx, mn
@@ -1345,9 +1336,9 @@ def _bf16_enc8(a, b, c, d, r):
         acc = _u32(acc + (e2m1_mag_bits(bits_f32(x << np.uint32(16)) * r) << sh))
         acc = _u32(acc + (e2m1_mag_bits(bits_f32(x & np.uint32(0xFFFF0000)) * r) << (sh + np.uint32(4))))
         sh += np.uint32(8)
-    lo = prmt_s(a, b, 0x7351)  # bytes 1 and 3 (the sign bytes) of a and b, then of c and d
-    hi = prmt_s(c, d, 0x7351)
-    return acc | _signs8(prmt_s(lo, hi, 0x5410), prmt_s(lo, hi, 0x7632))
+    lo = prmt(a, b, 0x7351)  # bytes 1 and 3 (the sign bytes) of a and b, then of c and d
+    hi = prmt(c, d, 0x7351)
+    return acc | _signs8(prmt(lo, hi, 0x5410), prmt(lo, hi, 0x7632))
 
 
 @cuda.jit(device=True)
@@ -1358,7 +1349,7 @@ def _i8_enc8(a, b, s, r):
     for k in range(4):
         acc = _u32(acc + (e2m1_mag_bits((_i8f(xa, k) * s) * r) << np.uint32(4 * k)))
         acc = _u32(acc + (e2m1_mag_bits((_i8f(xb, k) * s) * r) << np.uint32(4 * k + 16)))
-    return acc | _signs8(prmt_s(a, b, 0x6420), prmt_s(a, b, 0x7531))
+    return acc | _signs8(prmt(a, b, 0x6420), prmt(a, b, 0x7531))
 
 
 @cuda.jit(device=True)
@@ -1445,14 +1436,17 @@ def _make_requant(F):
 
     A thread owns output 64-group u = threadIdx.x (and u + blockDim.x ... on pages of more than
     _RQ_MAX_THREADS units, re-read in pass 2). It loads its whole unit at once (bf16 128 B, int8
-    64 B, 4-bit 32 B) and keeps it in registers: pass 1 takes the group max and the finite page
-    amax (warp shfl_xor, then the warps' maxima through shared memory and one barrier), pass 2
-    encodes from the registers. No shuffles inside a group: a thread holds all of it.
+    64 B, 4-bit 32 B; the _RQ_PREFETCH sources load the next page's unit while this page is
+    encoded) and keeps it in registers: pass 1 takes the group max and the finite page amax
+    (shfl_xor within each warp, then the warps' maxima through shared memory, one barrier, and
+    shuffles again), pass 2 encodes from the registers. No shuffles inside a group: a thread
+    holds all of it.
     4-bit sources: nvfp4/iso3 steps s / g come from a per-page shared table of the 128 positive
     E4M3 steps (a division per thread per page instead of 4 per unit). The output code is a
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
     table (m -> E2M1 magnitude of dec(m) * d * r) built per source group and looked up 4 codes at
-    a time with PRMT (_rq_table / _rq_encode). bf16/int8: values encoded one by one.
+    a time with PRMT (_rq_table / _rq_encode). bf16/int8: values encoded 8 per output word
+    (_bf16_enc8 / _i8_enc8; the integer encoder only when r is not finite).
     Shared arrays are double-buffered by page parity: one barrier per page (two for nvfp4/iso3).
     """
     load = _RQ_LOAD[F]
