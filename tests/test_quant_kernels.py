@@ -450,18 +450,19 @@ def _requant_check(fmt, T, H, D, P, seed):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-def test_requant_cuda_rereads_units_past_block(fmt, monkeypatch):
-    """Requant runs a thread per 64-value unit, at most _RQ_MAX_THREADS per block; the units past
-    it are read again in pass 2. With the cap at 32 (a host-side constant of the launcher) an
-    8 x 512 page (64 units, 2 per thread) takes that path."""
-    monkeypatch.setattr(Q, "_RQ_MAX_THREADS", 32)
+def test_requant_cuda_rereads_units_past_registers(fmt, monkeypatch):
+    """Requant runs a warp per page; a lane keeps _RQ_KEEP[fmt] units in registers and reads the
+    rest again in pass 2. Rebuilt with one kept unit, an 8 x 512 page (64 units, 2 per lane) takes
+    that path."""
+    monkeypatch.setitem(Q._RQ_KEEP, fmt, 1)
+    monkeypatch.setitem(Q.requant_c4g64_cuda, fmt, Q._make_requant(fmt))
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_requant_cuda_one_block_walks_all_pages(fmt, monkeypatch):
-    """A grid smaller than the page list: each block takes several pages in turn (the next page's
-    unit prefetched while the current one is encoded, shared arrays double-buffered by parity)."""
+    """A grid smaller than the page list: each warp takes several pages in turn (its step table
+    rewritten per page between two syncwarps)."""
     monkeypatch.setattr(Q, "_MAX_BLOCKS", 1)
     _requant_check(fmt, T=12, H=2, D=64, P=4, seed=4)
 

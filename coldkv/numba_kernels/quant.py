@@ -434,10 +434,6 @@ _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
 _DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
-_RQ_MAX_THREADS = 512  # requant: block size cap (a thread per 64-value unit; more units re-read)
-# requant sources whose next page's unit is loaded while the current page is worked on (a bf16 unit
-# is 32 registers, already 128 in all): once the encoder stopped bounding them they wait on loads
-_RQ_PREFETCH = (INT8, NVFP4, ISO3, C4G64)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
 # last axis (numba emits one scalar access per element otherwise). The launchers check that the
@@ -1198,14 +1194,14 @@ _RQ_LOAD = {BF16: _rq_load_bf16, INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3:
 
 
 @cuda.jit(device=True)
-def _rq_step(F, stp, par, sw, q, g):
+def _rq_step(F, stp, row, sw, q, g):
     """4-bit source: step s / g of quarter q (scale byte q of sw; c4g64: the unit's one byte).
     nvfp4/iso3 look it up in the page's table of the 128 positive steps (IEEE division is odd in
     its numerator: a negative byte's step is the negated entry); c4g64 divides once per unit."""
     if F == C4G64:
         return e4m3_dec(np.int64(sw)) / g
     b = (_u32(sw) >> np.uint32(8 * q)) & np.uint32(0xFF)
-    d = stp[par, b & np.uint32(0x7F)]
+    d = stp[row, b & np.uint32(0x7F)]
     return -d if b >= np.uint32(0x80) else d
 
 
@@ -1242,7 +1238,7 @@ def _s16(x):
 
 
 @cuda.jit(device=True)
-def _rq_max_bf16(F, w, sw, s, stp, par, g, c32, b):
+def _rq_max_bf16(F, w, sw, s, stp, row, g, c32, b):
     """Pass 1 of one 64-value unit (its words w, at flat word offset b): (group max, inf when the
     group holds a non-finite value; the unit's finite max). Monotonic shortcuts: bf16 an integer
     max of |bits|, int8 max |code| times the row scale, 4-bit the largest code magnitude per
@@ -1270,7 +1266,7 @@ def _rq_max_bf16(F, w, sw, s, stp, par, g, c32, b):
 
 
 @cuda.jit(device=True)
-def _rq_max_int8(F, w, sw, s, stp, par, g, c32, b):
+def _rq_max_int8(F, w, sw, s, stp, row, g, c32, b):
     amax = np.float32(0.0)
     mx, mn = _i8_m4(w[0], w[1], w[2], w[3], np.uint32(0), np.uint32(0))
     mx, mn = _i8_m4(w[4], w[5], w[6], w[7], mx, mn)
@@ -1291,12 +1287,12 @@ def _rq_max_int8(F, w, sw, s, stp, par, g, c32, b):
 
 
 @cuda.jit(device=True)
-def _rq_max_4bit(F, w, sw, s, stp, par, g, c32, b):
+def _rq_max_4bit(F, w, sw, s, stp, row, g, c32, b):
     amax = np.float32(0.0)
-    gm, amax = _rq_pass1(F, w[0], w[1], _rq_step(F, stp, par, sw, 0, g), np.float32(0.0), amax)
-    gm, amax = _rq_pass1(F, w[2], w[3], _rq_step(F, stp, par, sw, 1, g), gm, amax)
-    gm, amax = _rq_pass1(F, w[4], w[5], _rq_step(F, stp, par, sw, 2, g), gm, amax)
-    gm, amax = _rq_pass1(F, w[6], w[7], _rq_step(F, stp, par, sw, 3, g), gm, amax)
+    gm, amax = _rq_pass1(F, w[0], w[1], _rq_step(F, stp, row, sw, 0, g), np.float32(0.0), amax)
+    gm, amax = _rq_pass1(F, w[2], w[3], _rq_step(F, stp, row, sw, 1, g), gm, amax)
+    gm, amax = _rq_pass1(F, w[4], w[5], _rq_step(F, stp, row, sw, 2, g), gm, amax)
+    gm, amax = _rq_pass1(F, w[6], w[7], _rq_step(F, stp, row, sw, 3, g), gm, amax)
     return gm, amax
 
 
@@ -1353,7 +1349,7 @@ def _i8_enc8(a, b, s, r):
 
 
 @cuda.jit(device=True)
-def _rq_emit_bf16(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+def _rq_emit_bf16(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
     """Pass 2 of one 64-value unit: its E4M3 scale from the group max gm, then its 32 code bytes
     (bf16: output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
     sb = group_scale(4, gm, g2)
@@ -1377,7 +1373,7 @@ def _rq_emit_bf16(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
 
 
 @cuda.jit(device=True)
-def _rq_emit_int8(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+def _rq_emit_int8(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
     """As _rq_emit_bf16; int8: output word k from source words 2k, 2k+1."""
     sb = group_scale(4, gm, g2)
     r = group_mult(sb, g2)
@@ -1400,7 +1396,7 @@ def _rq_emit_int8(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
 
 
 @cuda.jit(device=True)
-def _rq_emit_4bit(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+def _rq_emit_4bit(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
     """As _rq_emit_bf16; 4-bit sources by code tables."""
     sb = group_scale(4, gm, g2)
     r = group_mult(sb, g2)
@@ -1409,7 +1405,7 @@ def _rq_emit_4bit(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
         _stf4(o32, ob, (0, 0, 0, 0))
         _stf4(o32, ob + 4, (0, 0, 0, 0))
         return
-    d0 = _rq_step(F, stp, par, sw, 0, g)
+    d0 = _rq_step(F, stp, row, sw, 0, g)
     lo, hi = _rq_table(F, d0, r)
     o0, o1 = _rq_encode(lo, hi, w[0], d0, r), _rq_encode(lo, hi, w[1], d0, r)
     if F == C4G64:  # one source group: one step, one table
@@ -1417,40 +1413,44 @@ def _rq_emit_4bit(F, w, sw, s, stp, par, g, gm, g2, o32, ob, out_scales, j, srow
         o4, o5 = _rq_encode(lo, hi, w[4], d0, r), _rq_encode(lo, hi, w[5], d0, r)
         o6, o7 = _rq_encode(lo, hi, w[6], d0, r), _rq_encode(lo, hi, w[7], d0, r)
     else:  # nvfp4 / iso3: a table per 16-value source group
-        d1 = _rq_step(F, stp, par, sw, 1, g)
+        d1 = _rq_step(F, stp, row, sw, 1, g)
         lo, hi = _rq_table(F, d1, r)
         o2, o3 = _rq_encode(lo, hi, w[2], d1, r), _rq_encode(lo, hi, w[3], d1, r)
-        d2 = _rq_step(F, stp, par, sw, 2, g)
+        d2 = _rq_step(F, stp, row, sw, 2, g)
         lo, hi = _rq_table(F, d2, r)
         o4, o5 = _rq_encode(lo, hi, w[4], d2, r), _rq_encode(lo, hi, w[5], d2, r)
-        d3 = _rq_step(F, stp, par, sw, 3, g)
+        d3 = _rq_step(F, stp, row, sw, 3, g)
         lo, hi = _rq_table(F, d3, r)
         o6, o7 = _rq_encode(lo, hi, w[6], d3, r), _rq_encode(lo, hi, w[7], d3, r)
     _stf4(o32, ob, (o0, o1, o2, o3))
     _stf4(o32, ob + 4, (o4, o5, o6, o7))
 
 
+_RQ_KEEP = {BF16: 2, INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a lane keeps in registers
+
+
 def _make_requant(F):
     """Requantize-to-c4g64 kernel for source format F: page pages[j] (global gsrc[j]) -> out_*[j];
-    a block per page (blockDim: one thread per 64-value unit, launch_requant_c4g64).
+    a warp per page, no block barrier (launch_requant_c4g64).
 
-    A thread owns output 64-group u = threadIdx.x (and u + blockDim.x ... on pages of more than
-    _RQ_MAX_THREADS units, re-read in pass 2). It loads its whole unit at once (bf16 128 B, int8
-    64 B, 4-bit 32 B; the _RQ_PREFETCH sources load the next page's unit while this page is
-    encoded) and keeps it in registers: pass 1 takes the group max and the finite page amax
-    (shfl_xor within each warp, then the warps' maxima through shared memory, one barrier, and
-    shuffles again), pass 2 encodes from the registers. No shuffles inside a group: a thread
-    holds all of it.
-    4-bit sources: nvfp4/iso3 steps s / g come from a per-page shared table of the 128 positive
-    E4M3 steps (a division per thread per page instead of 4 per unit). The output code is a
+    Lane l owns output 64-groups (units) u = l, l + 32, ...: it loads its first _RQ_KEEP[F] units
+    at once (4-bit 4 x 32 B, int8 4 x 64 B + row scales, bf16 2 x 128 B) and keeps them in
+    registers: pass 1 takes each group max (the lane holds the whole group: no shuffles) and the
+    finite page amax (5 shfl_xor), pass 2 encodes from the registers. Units past those (pages of
+    more than 32 x _RQ_KEEP units) are read again in pass 2. A warp per page, rather than a block,
+    spends the per-page work (steps, amax, global scale, addresses) once per 128 or more units
+    instead of once per 32, and has no barrier (ncu at 35f9b4a: that overhead was ~540 of ~880
+    instructions per thread and page from nvfp4, a block per page).
+    4-bit sources: nvfp4/iso3 steps s / g come from the warp's shared table of the 128 positive
+    E4M3 steps (4 IEEE divisions per lane and page instead of 4 per unit). The output code is a
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
     table (m -> E2M1 magnitude of dec(m) * d * r) built per source group and looked up 4 codes at
     a time with PRMT (_rq_table / _rq_encode). bf16/int8: values encoded 8 per output word
     (_bf16_enc8 / _i8_enc8; the integer encoder only when r is not finite).
-    Shared arrays are double-buffered by page parity: one barrier per page (two for nvfp4/iso3).
     """
     load = _RQ_LOAD[F]
-    PREFETCH = F in _RQ_PREFETCH
+    K = _RQ_KEEP[F]
+    STEPS = F == NVFP4 or F == ISO3
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
@@ -1458,78 +1458,71 @@ def _make_requant(F):
     def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
         P = codes.shape[1]
         D = out_codes.shape[2] * 2
-        tid = cuda.threadIdx.x
-        nt = cuda.blockDim.x
-        lane = tid & 31
-        wid = tid >> 5
-        nwarp = (nt + 31) >> 5
+        lane = cuda.threadIdx.x & 31
+        wid = cuda.threadIdx.x >> 5
+        nwb = cuda.blockDim.x >> 5  # warps (pages at a time) per block
         ld = _log2(D)
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
-        red = cuda.shared.array((2, 32), np.float32)  # per-warp maxima
-        stp = cuda.shared.array((2, 128), np.float32)  # nvfp4/iso3: steps of the 128 positive bytes
+        stp = cuda.shared.array((_WARPS, 128), np.float32)  # nvfp4/iso3: this warp's steps by byte
         pd = P * D
         nu = pd >> 6  # 64-value units (output groups) of a page
         wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
+        uw = wpp // nu  # code words per unit
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
+        sh6 = ld - 6
         scol_m = (D >> 6) - 1
-        par = 0
-        j = cuda.blockIdx.x
-        if PREFETCH and j < pages.shape[0]:
-            pn = np.int64(pages[j])
-            nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
+        nk = min(nu, 32 * K)  # units kept in registers
+        z = np.float32(0.0)
+        j = cuda.blockIdx.x * nwb + wid
         while j < pages.shape[0]:
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
             wb = page * wpp
             sb0 = page * spp
             r0 = page * P
-            if PREFETCH:  # this page's unit was loaded during the previous page; load the next one's
-                w, sw, s = nxt
-                if j + cuda.gridDim.x < pages.shape[0]:
-                    pn = np.int64(pages[j + cuda.gridDim.x])
-                    nxt = load(c32, scales, pn * wpp, pn * spp, pn * P, tid, nu, ld)
-            else:
-                w, sw, s = load(c32, scales, wb, sb0, r0, tid, nu, ld)
-            if F == NVFP4 or F == ISO3:
-                if tid < 128:
-                    stp[par, tid] = e4m3_dec(np.int64(tid)) / g
-                if nt < 128:
-                    for b in range(tid + nt, 128, nt):
-                        stp[par, b] = e4m3_dec(np.int64(b)) / g
-                cuda.syncthreads()
-            gm = np.float32(0.0)
-            amax = np.float32(0.0)
-            if tid < nu:
-                gm, amax = umax(F, w, sw, s, stp, par, g, c32, wb + (wpp // nu) * tid)
-            for u in range(tid + nt, nu, nt):  # pages of more units than threads
-                w2, sw2, s2 = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                _, a2 = umax(F, w2, sw2, s2, stp, par, g, c32, wb + (wpp // nu) * u)
-                amax = max(amax, a2)
-            for sh in (16, 8, 4, 2, 1):
-                amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
-            if lane == 0:
-                red[par, wid] = amax
-            cuda.syncthreads()
-            # the warps' maxima, one per lane, reduced by shuffles (a loop over red compiled to
-            # ~126 uniform instructions per thread and page; ncu at 27e5992)
-            amax = red[par, lane] if lane < nwarp else np.float32(0.0)
+            # all of this page's kept units in flight at once (a unit past nk loads nothing: zeros)
+            w0, sw0, s0 = load(c32, scales, wb, sb0, r0, lane, nk, ld)
+            w1, sw1, s1 = load(c32, scales, wb, sb0, r0, lane + 32, nk if K > 1 else 0, ld)
+            w2, sw2, s2 = load(c32, scales, wb, sb0, r0, lane + 64, nk if K > 2 else 0, ld)
+            w3, sw3, s3 = load(c32, scales, wb, sb0, r0, lane + 96, nk if K > 3 else 0, ld)
+            if STEPS:
+                cuda.syncwarp()  # the previous page's lookups are done
+                for b in range(lane, 128, 32):
+                    stp[wid, b] = e4m3_dec(np.int64(b)) / g
+                cuda.syncwarp()
+            gm0, a0 = umax(F, w0, sw0, s0, stp, wid, g, c32, wb + uw * lane)
+            gm1, a1 = umax(F, w1, sw1, s1, stp, wid, g, c32, wb + uw * (lane + 32)) if K > 1 else (z, z)
+            gm2, a2 = umax(F, w2, sw2, s2, stp, wid, g, c32, wb + uw * (lane + 64)) if K > 2 else (z, z)
+            gm3, a3 = umax(F, w3, sw3, s3, stp, wid, g, c32, wb + uw * (lane + 96)) if K > 3 else (z, z)
+            amax = max(max(a0, a1), max(a2, a3))
+            for u in range(lane + 32 * K, nu, 32):  # pages of more units: pass 1 of the rest
+                w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                _, a = umax(F, w, sw, s, stp, wid, g, c32, wb + uw * u)
+                amax = max(amax, a)
             for sh in (16, 8, 4, 2, 1):
                 amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
             g2 = global_scale_for(amax)
-            if tid == 0:
+            if lane == 0:
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
-            if tid < nu:
-                emit(F, w, sw, s, stp, par, g, gm, g2, o32, ob + 8 * tid, out_scales, j,
-                         tid >> (ld - 6), tid & scol_m)
-            for u in range(tid + nt, nu, nt):
-                w2, sw2, s2 = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                gm2, _ = umax(F, w2, sw2, s2, stp, par, g, c32, wb + (wpp // nu) * u)
-                emit(F, w2, sw2, s2, stp, par, g, gm2, g2, o32, ob + 8 * u, out_scales, j,
-                         u >> (ld - 6), u & scol_m)
-            par ^= 1
-            j += cuda.gridDim.x
+            if lane < nk:
+                emit(F, w0, sw0, s0, stp, wid, g, gm0, g2, o32, ob + 8 * lane, out_scales, j,
+                     lane >> sh6, lane & scol_m)
+            if K > 1 and lane + 32 < nk:
+                u = lane + 32
+                emit(F, w1, sw1, s1, stp, wid, g, gm1, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+            if K > 2 and lane + 64 < nk:
+                u = lane + 64
+                emit(F, w2, sw2, s2, stp, wid, g, gm2, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+            if K > 3 and lane + 96 < nk:
+                u = lane + 96
+                emit(F, w3, sw3, s3, stp, wid, g, gm3, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+            for u in range(lane + 32 * K, nu, 32):
+                w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                gm, _ = umax(F, w, sw, s, stp, wid, g, c32, wb + uw * u)
+                emit(F, w, sw, s, stp, wid, g, gm, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+            j += cuda.gridDim.x * nwb
 
     return requant
 
@@ -1612,9 +1605,7 @@ def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scal
     _check_pages(codes, scales, out_codes)
     if pages.shape[0] and codes.shape[1]:
         k = requant_c4g64_cuda[int(fmt_id)]
-        units = codes.shape[1] * out_codes.shape[2] * 2 // 64  # a thread per 64-value unit
-        nt = min(_RQ_MAX_THREADS, 32 * math.ceil(units / 32))
-        k[_grid(k, pages.shape[0] * nt // 32, nt), nt, stream](
+        k[_grid(k, pages.shape[0]), 32 * _WARPS, stream](  # a warp per page
             codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
