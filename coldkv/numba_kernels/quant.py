@@ -1077,20 +1077,10 @@ def _max_mag16(w0, w1):
 
 
 @cuda.jit(device=True)
-def _rq_pass1(fmt, w0, w1, d, gm, amax):
-    """Pass 1 for 16 values of a 4-bit source (code words w0, w1, step d): (group max with
-    non-finite as inf, finite page amax). |dec(largest magnitude) * d| is their max |value|
-    (rounding is monotonic); when that is not finite (overflow, poisoned group) the finite values
-    are taken one by one."""
-    lm = abs(_decode_nibble(fmt, _max_mag16(w0, w1), d))
-    if lm <= F32_MAX:
-        return max(gm, lm), max(amax, lm)
-    for i in range(16):
-        x = (np.int64(w1) if i >= 8 else np.int64(w0)) >> (4 * (i & 7))
-        a = abs(_decode_nibble(fmt, x & 15, d))
-        if a <= F32_MAX and a > amax:  # the page amax ignores non-finite values
-            amax = a
-    return np.float32(np.inf), amax
+def _rq_quarter_max(fmt, w0, w1, d):
+    """Max |value| of 16 values of a 4-bit source (code words w0, w1, step d): |dec(largest
+    magnitude) * d| (rounding is monotonic); not finite when the group holds a non-finite value."""
+    return abs(_decode_nibble(fmt, _max_mag16(w0, w1), d))
 
 
 @register_jitable
@@ -1238,13 +1228,11 @@ def _s16(x):
 
 
 @cuda.jit(device=True)
-def _rq_max_bf16(F, w, sw, s, stp, row, g, c32, b):
-    """Pass 1 of one 64-value unit (its words w, at flat word offset b): (group max, inf when the
-    group holds a non-finite value; the unit's finite max). Monotonic shortcuts: bf16 an integer
-    max of |bits|, int8 max |code| times the row scale, 4-bit the largest code magnitude per
-    quarter times its step; when such a max is not finite the values are read again from memory
-    and taken one by one (rare)."""
-    amax = np.float32(0.0)
+def _rq_max_bf16(F, w, sw, s, stp, row, g):
+    """Pass 1 of one 64-value unit (words w): its group max, not finite when the group holds a
+    non-finite value (the kernel then takes the unit's finite max value by value, _rq_amax_slow).
+    Monotonic shortcuts: bf16 an integer max of |bits|, int8 max |code| times the row scale,
+    4-bit the largest code magnitude per quarter times its step."""
     m = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0))
     m = _bf16_m4(w[4], w[5], w[6], w[7], m)
     m = _bf16_m4(w[8], w[9], w[10], w[11], m)
@@ -1254,48 +1242,43 @@ def _rq_max_bf16(F, w, sw, s, stp, row, g, c32, b):
     m = _bf16_m4(w[24], w[25], w[26], w[27], m)
     m = _bf16_m4(w[28], w[29], w[30], w[31], m)
     m = max(_u32(m) >> np.uint32(16), _u32(m) & np.uint32(0xFFFF))
-    if m < np.uint32(0x7F80):
-        gm = bits_f32(m << np.uint32(16))
-        return gm, gm
-    for i in range(32):
-        x = _u32(_ldf(c32, b + i))
-        for a in (abs(bits_f32(x << np.uint32(16))), abs(bits_f32(x & np.uint32(0xFFFF0000)))):
-            if a <= F32_MAX and a > amax:
-                amax = a
-    return np.float32(np.inf), amax
+    return bits_f32(m << np.uint32(16)) if m < np.uint32(0x7F80) else np.float32(np.inf)
 
 
 @cuda.jit(device=True)
-def _rq_max_int8(F, w, sw, s, stp, row, g, c32, b):
-    amax = np.float32(0.0)
+def _rq_max_int8(F, w, sw, s, stp, row, g):
     mx, mn = _i8_m4(w[0], w[1], w[2], w[3], np.uint32(0), np.uint32(0))
     mx, mn = _i8_m4(w[4], w[5], w[6], w[7], mx, mn)
     mx, mn = _i8_m4(w[8], w[9], w[10], w[11], mx, mn)
     mx, mn = _i8_m4(w[12], w[13], w[14], w[15], mx, mn)
     ci = max(max(_s16(mx), _s16(_u32(mx) >> np.uint32(16))), -min(_s16(mn), _s16(_u32(mn) >> np.uint32(16))))
     mc = bits_f32(np.uint32(0x4B000000) | np.uint32(ci)) - np.float32(8388608.0)  # 0..128, exact
-    gm = abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
-    if gm <= F32_MAX:
-        return gm, gm
-    for i in range(16):
-        xb = _u32(_ldf(c32, b + i)) ^ np.uint32(0x80808080)
-        for k in range(4):
-            a = abs(_i8f(xb, k) * s)
-            if a <= F32_MAX and a > amax:
-                amax = a
-    return np.float32(np.inf), amax
+    return abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
 
 
 @cuda.jit(device=True)
-def _rq_max_4bit(F, w, sw, s, stp, row, g, c32, b):
+def _rq_max_4bit(F, w, sw, s, stp, row, g):
+    m0 = _rq_quarter_max(F, w[0], w[1], _rq_step(F, stp, row, sw, 0, g))
+    m1 = _rq_quarter_max(F, w[2], w[3], _rq_step(F, stp, row, sw, 1, g))
+    m2 = _rq_quarter_max(F, w[4], w[5], _rq_step(F, stp, row, sw, 2, g))
+    m3 = _rq_quarter_max(F, w[6], w[7], _rq_step(F, stp, row, sw, 3, g))
+    if m0 <= F32_MAX and m1 <= F32_MAX and m2 <= F32_MAX and m3 <= F32_MAX:
+        return max(max(m0, m1), max(m2, m3))
+    return np.float32(np.inf)
+
+
+@cuda.jit(device=True)
+def _rq_amax_slow(F, codes, scales, page, u, ld, g):
+    """Finite max |value| of unit u of a page, value by value (a group holding a non-finite
+    value: rare, so one out-of-line copy that reads memory again)."""
+    row = (64 * u) >> ld
+    c0 = (64 * u) & ((1 << ld) - 1)
     amax = np.float32(0.0)
-    gm, amax = _rq_pass1(F, w[0], w[1], _rq_step(F, stp, row, sw, 0, g), np.float32(0.0), amax)
-    gm, amax = _rq_pass1(F, w[2], w[3], _rq_step(F, stp, row, sw, 1, g), gm, amax)
-    gm, amax = _rq_pass1(F, w[4], w[5], _rq_step(F, stp, row, sw, 2, g), gm, amax)
-    gm, amax = _rq_pass1(F, w[6], w[7], _rq_step(F, stp, row, sw, 3, g), gm, amax)
-    return gm, amax
-
-
+    for i in range(64):
+        a = abs(decode_value(F, codes, scales, page, row, c0 + i, g))
+        if a <= F32_MAX and a > amax:
+            amax = a
+    return amax
 
 
 @cuda.jit(device=True)
@@ -1491,36 +1474,42 @@ def _make_requant(F):
                 for b in range(lane, 128, 32):
                     stp[wid, b] = e4m3_dec(np.int64(b)) / g
                 cuda.syncwarp()
-            gm0, a0 = umax(F, w0, sw0, s0, stp, wid, g, c32, wb + uw * lane)
-            gm1, a1 = umax(F, w1, sw1, s1, stp, wid, g, c32, wb + uw * (lane + 32)) if K > 1 else (z, z)
-            gm2, a2 = umax(F, w2, sw2, s2, stp, wid, g, c32, wb + uw * (lane + 64)) if K > 2 else (z, z)
-            gm3, a3 = umax(F, w3, sw3, s3, stp, wid, g, c32, wb + uw * (lane + 96)) if K > 3 else (z, z)
-            amax = max(max(a0, a1), max(a2, a3))
-            for u in range(lane + 32 * K, nu, 32):  # pages of more units: pass 1 of the rest
-                w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                _, a = umax(F, w, sw, s, stp, wid, g, c32, wb + uw * u)
-                amax = max(amax, a)
+            gm0 = umax(F, w0, sw0, s0, stp, wid, g)
+            gm1 = umax(F, w1, sw1, s1, stp, wid, g) if K > 1 else z
+            gm2 = umax(F, w2, sw2, s2, stp, wid, g) if K > 2 else z
+            gm3 = umax(F, w3, sw3, s3, stp, wid, g) if K > 3 else z
+            amax = max(max(gm0, gm1), max(gm2, gm3))
+            nl = (nu - lane + 31) >> 5  # units of this lane
+            fin = gm0 <= F32_MAX and gm1 <= F32_MAX and gm2 <= F32_MAX and gm3 <= F32_MAX
+            if not fin or nl > K:  # non-finite groups (rare), or large pages
+                amax = z
+                for k in range(nl):
+                    gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
+                    if k >= K:
+                        w, sw, s = load(c32, scales, wb, sb0, r0, lane + 32 * k, nu, ld)
+                        gm = umax(F, w, sw, s, stp, wid, g)
+                    if not (gm <= F32_MAX):
+                        gm = _rq_amax_slow(F, codes, scales, page, lane + 32 * k, ld, g)
+                    amax = max(amax, gm)
             for sh in (16, 8, 4, 2, 1):
                 amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
             g2 = global_scale_for(amax)
             if lane == 0:
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
-            if lane < nk:
-                emit(F, w0, sw0, s0, stp, wid, g, gm0, g2, o32, ob + 8 * lane, out_scales, j,
-                     lane >> sh6, lane & scol_m)
-            if K > 1 and lane + 32 < nk:
-                u = lane + 32
-                emit(F, w1, sw1, s1, stp, wid, g, gm1, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
-            if K > 2 and lane + 64 < nk:
-                u = lane + 64
-                emit(F, w2, sw2, s2, stp, wid, g, gm2, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
-            if K > 3 and lane + 96 < nk:
-                u = lane + 96
-                emit(F, w3, sw3, s3, stp, wid, g, gm3, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
-            for u in range(lane + 32 * K, nu, 32):
-                w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                gm, _ = umax(F, w, sw, s, stp, wid, g, c32, wb + uw * u)
+            # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
+            # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
+            # Units past the kept ones (large pages) are read again.
+            for k in range(nl):
+                u = lane + 32 * k
+                if k < K:
+                    w = w0 if k == 0 else (w1 if k == 1 else (w2 if k == 2 else w3))
+                    sw = sw0 if k == 0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
+                    s = s0 if k == 0 else (s1 if k == 1 else (s2 if k == 2 else s3))
+                    gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
+                else:
+                    w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                    gm = umax(F, w, sw, s, stp, wid, g)
                 emit(F, w, sw, s, stp, wid, g, gm, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
             j += cuda.gridDim.x * nwb
 
