@@ -313,6 +313,33 @@ def test_e2m1_mag_bits_matches_reference():
     assert int(Q.e2m1_mag_bits(np.float32(np.nan))) == 0x4B000000  # NaN -> 0 (callers avoid it)
 
 
+def _table32(a, b):
+    """The 4-bit requant table bytes from the reference E2M1 encoder: lo = (0, E(a/2), E(a), E(b)),
+    hi = (E(2a), E(2b), E(4a), E(4b)) (products in float64: exact scalings of float32)."""
+    def e(x, k):
+        return int(Q.ref_e2m1_encode(np.float32([abs(float(x)) * k]))[0]) & 7
+    lo = (e(a, 0.5) << 8) | (e(a, 1) << 16) | (e(b, 1) << 24)
+    hi = e(a, 2) | (e(b, 2) << 8) | (e(a, 4) << 16) | (e(b, 4) << 24)
+    return lo, hi
+
+
+def test_e2m1_table16_matches_reference():
+    """The f16x2 round-to-odd table (its simulator emulation; the device asm is checked
+    exhaustively against the fp32 encoder by test_gpu_e2m1_table16_exhaustive) == reference E2M1
+    magnitudes of a/2 .. 4b, at every decision boundary +-4 ulps of each scaling, near fp16
+    rounding points, and on random, tiny and huge values."""
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("device functions are called from Python under the simulator only")
+    y = _mag_probe_values()
+    vals = np.concatenate([y * np.float32(k) for k in (0.5, 1.0, 2.0, 4.0)] + [y / np.float32(2.0)])
+    vals = np.concatenate([vals, (np.float32(1) + np.arange(-8, 9) * np.float32(2.0 ** -23)) * np.float32(0.125),
+                           np.float32([65504.0, 65520.0, 1e5, 2.0 ** -14, 2.0 ** -25])]).astype(np.float32)
+    rng = np.random.default_rng(7)
+    for a in vals:
+        b = -vals[rng.integers(len(vals))]
+        assert tuple(int(v) for v in Q.e2m1_table16(a, b)) == _table32(a, b), (a, b)
+
+
 def test_simd_lane_emulations():
     """The simulator's u16x2/s16x2 max/min and PRMT (with its sign-replicate selectors), from the
     PTX definitions."""
@@ -374,6 +401,32 @@ def test_gpu_e4m3_conversions():
     _e4m3_mismatch_kernel[4096, 256](0, hi, bad)
     _e4m3_mismatch_kernel[1, 1](int(np.float32(np.inf).view(np.uint32)), 1, bad)
     assert list(bad.copy_to_host()) == [0, 0]
+
+
+@cuda.jit
+def _table16_mismatch_kernel(lo, n, bad):
+    i = cuda.grid(1)
+    for k in range(i, n, cuda.gridsize(1)):
+        a = Q.bits_f32(np.uint32(lo + k))
+        b = -a
+        x, y = Q.e2m1_table16(a, b)
+        want_x = ((Q.e2m1_mag_bits_x(a, np.float32(0.25)) & 7) << 8) | ((Q.e2m1_mag_bits_x(a, np.float32(0.5)) & 7) << 16) \
+            | ((Q.e2m1_mag_bits_x(b, np.float32(0.5)) & 7) << 24)
+        want_y = (Q.e2m1_mag_bits_x(a, np.float32(1.0)) & 7) | ((Q.e2m1_mag_bits_x(b, np.float32(1.0)) & 7) << 8) \
+            | ((Q.e2m1_mag_bits_x(a, np.float32(2.0)) & 7) << 16) | ((Q.e2m1_mag_bits_x(b, np.float32(2.0)) & 7) << 24)
+        if x != want_x or y != want_y:
+            cuda.atomic.add(bad, 0, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_e2m1_table16_exhaustive():
+    """The f16x2 round-to-odd table == the fp32 encoder (itself exhaustively checked) on every
+    float32 a in [0, 64] (past that every entry is 7), in both halves (b = -a), plus inf."""
+    hi = int(np.float32(64.0).view(np.uint32)) + 1
+    bad = cuda.to_device(np.zeros(1, np.int64))
+    _table16_mismatch_kernel[8192, 256](0, hi, bad)
+    _table16_mismatch_kernel[1, 1](int(np.float32(np.inf).view(np.uint32)), 1, bad)
+    assert bad.copy_to_host()[0] == 0
 
 
 def test_bit_decoders_match_scalar_cores():

@@ -742,6 +742,34 @@ if config.ENABLE_CUDASIM:
     def e4m3_sat_bits(v):
         return np.uint32(e4m3_enc(min(np.float32(v), E4M3_MAX)) * 0x101)
 
+    def _ro16(x):
+        """float32 x >= 0 rounded to fp16 toward zero, lowest bit set when inexact (round to odd)."""
+        h = np.float16(x)
+        if float(h) > x:
+            h = np.nextafter(h, np.float16(0))
+        if float(h) != x:
+            h = np.uint16(h.view(np.uint16) | 1).view(np.float16)
+        return float(h)
+
+    def _mag16(x, c):
+        """The fp16 six-op encoder (one rounding to fp16 per instruction; .sat maps NaN to 0)."""
+        def f16(v):
+            return float(np.float16(v))
+
+        def sat(v):
+            return min(max(v, 0.0), 1.0) if v == v else 0.0
+        p = x * c if c else 0.0  # x may be inf; c = 0 gives 0 (NaN, then .sat)
+        u, v, w = sat(f16(p)), sat(f16(p - 1.0)), sat(f16(p - 2.0))
+        t = f16(u * 4.0 + 1024.0)
+        t = f16(v * 2.0 + t)
+        return int(f16(w + t)) - 1024
+
+    def e2m1_table16(a, b):
+        ha, hb = _ro16(abs(float(np.float32(a)))), _ro16(abs(float(np.float32(b))))
+        lo = (_mag16(ha, 0.25) << 8) | (_mag16(ha, 0.5) << 16) | (_mag16(hb, 0.5) << 24)
+        hi = _mag16(ha, 1.0) | (_mag16(hb, 1.0) << 8) | (_mag16(ha, 2.0) << 16) | (_mag16(hb, 2.0) << 24)
+        return np.uint32(lo), np.uint32(hi)
+
     def e4m3_f32(b):
         return np.float32(e4m3_dec(int(b) & 0xFF))
 
@@ -759,6 +787,33 @@ else:
     max_u16x2 = asm("max.u16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     max_s16x2 = asm("max.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     min_s16x2 = asm("min.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
+    # The 4-bit requant's 8-entry table from a = d r and b = (1.5 d) r, two entries per f16x2
+    # instruction: |a|, |b| rounded to fp16 by round-to-odd (toward zero, lowest bit set when
+    # inexact), which keeps every comparison with the E2M1 decision points (3 significant bits,
+    # 11 >= 3 + 2) and ties exactly; then the six-op encoder in f16x2 (the same exactness argument,
+    # 1024 instead of 2^23 for the roundings). Bytes as _rq_table's: lo = (0, E(a/2), E(a), E(b)),
+    # hi = (E(2a), E(2b), E(4a), E(4b)). test_gpu_e2m1_table16_exhaustive checks it on every
+    # float32 in [0, 64] against the fp32 encoder.
+    _TAB16 = ("{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
+              " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n abs.f32 xa, $2;\n abs.f32 xb, $3;\n"
+              " cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n cvt.f32.f16 fb, hh;\n"
+              " setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n"
+              " mov.b32 m1, 0xBC00BC00;\n mov.b32 m2, 0xC000C000;\n mov.b32 f4, 0x44004400;\n"
+              " mov.b32 f2, 0x40004000;\n mov.b32 big, 0x64006400;\n prmt.b32 x, h, h, 0x1010;\n"
+              " mov.b32 k, 0x34000000;\n"
+              " mul.rn.sat.f16x2 u, x, k;\n fma.rn.sat.f16x2 v, x, k, m1;\n fma.rn.sat.f16x2 w, x, k, m2;\n"
+              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 ta, w, t;\n"
+              " mov.b32 k, 0x38003800;\n"
+              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
+              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 tb, w, t;\n"
+              " mov.b32 k, 0x3C003C00;\n"
+              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
+              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 tc, w, t;\n"
+              " mov.b32 k, 0x40004000;\n"
+              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
+              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 td, w, t;\n"
+              " prmt.b32 $0, ta, tb, 0x6420;\n prmt.b32 $1, tc, td, 0x6420;}")
+    e2m1_table16 = asm(_TAB16, "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
     # E4M3 by the sm_89+ conversions: one instruction each instead of ~25 (e4m3_enc) and ~12
     # (e4m3_dec) of integer work. e4m3_sat_bits(v) = e4m3_enc(min(v, 448)) in both low bytes for
     # v >= 0 (satfinite clamps to 448 as min() does; test_gpu_e4m3_conversions checks every float
@@ -1118,13 +1173,7 @@ def _rq_table(fmt, d, r):
         # E2M1 sources, d normal: dec(m) is 2^k or 1.5 * 2^k, so dec(m) d r = 2^k fl(d r) or
         # 2^k fl(fl(1.5 d) r) exactly (a product so small that the scaling rounds encodes to 0
         # either way); entries past the quarter's largest magnitude are never looked up
-        a = d * r
-        b = (d * np.float32(1.5)) * r
-        lo = _u32((e2m1_mag_bits_x(a, np.float32(0.25)) << np.uint32(8)) + (e2m1_mag_bits_x(a, np.float32(0.5)) << np.uint32(16))
-                  + (e2m1_mag_bits_x(b, np.float32(0.5)) << np.uint32(24)))
-        hi = _u32(e2m1_mag_bits_x(a, np.float32(1.0)) - np.uint32(0x4B000000)
-                  + (e2m1_mag_bits_x(b, np.float32(1.0)) << np.uint32(8)) + (e2m1_mag_bits_x(a, np.float32(2.0)) << np.uint32(16))
-                  + (e2m1_mag_bits_x(b, np.float32(2.0)) << np.uint32(24)))
+        lo, hi = e2m1_table16(d * r, (d * np.float32(1.5)) * r)
         return np.int64(lo), np.int64(hi)
     if r <= F32_MAX:
         lo = np.uint32(0)
