@@ -1166,8 +1166,9 @@ def _dec_code(fmt, c):
 @cuda.jit(device=True)
 def _rq_table(fmt, d, r):
     """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude).
-    r finite: e2m1_mag_bits summed at byte m (the 0x4B000000 bias shifts out of bytes 1-3; byte 4
-    of hi subtracts it); else e2m1_enc_bits (any NaN encodes to magnitude 7, as the CPU does)."""
+    E2M1 sources with d in range: e2m1_table16 of two products; else r finite: e2m1_mag_bits
+    summed at byte m (the 0x4B000000 bias shifts out of bytes 1-3; byte 4 of hi subtracts it);
+    else e2m1_enc_bits (any NaN encodes to magnitude 7, as the CPU does)."""
     ad = abs(d)
     if fmt != 3 and r <= F32_MAX and ad <= np.float32(2.0 ** 125) and (ad >= np.float32(2.0 ** -125) or d == 0):
         # E2M1 sources, d normal: dec(m) is 2^k or 1.5 * 2^k, so dec(m) d r = 2^k fl(d r) or
@@ -1511,14 +1512,17 @@ def _make_requant(F):
     finite page amax (5 shfl_xor), pass 2 encodes from the registers. Units past those (pages of
     more than 32 x _RQ_KEEP units) are read again in pass 2. A warp per page, rather than a block,
     spends the per-page work (steps, amax, global scale, addresses) once per 128 or more units
-    instead of once per 32, and has no barrier (ncu at 35f9b4a: that overhead was ~540 of ~880
-    instructions per thread and page from nvfp4, a block per page).
+    instead of once per 32, and has no barrier (ncu at 0f97dd9: that overhead was ~540 of ~880
+    instructions per thread and page from nvfp4, a block per page). Pass 2 is a loop, not
+    unrolled, and groups holding a non-finite value take one out-of-line path (_rq_amax_slow), so
+    the hot code stays small (unrolled it stalled on instruction fetch; docs/kernels.md).
     4-bit sources: nvfp4/iso3 steps s / g come from the warp's shared table of the 128 positive
     E4M3 steps (4 IEEE divisions per lane and page instead of 4 per unit). The output code is a
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
-    table (m -> E2M1 magnitude of dec(m) * d * r) built per source group and looked up 4 codes at
-    a time with PRMT (_rq_table / _rq_encode). bf16/int8: values encoded 8 per output word
-    (_bf16_enc8 / _i8_enc8; the integer encoder only when r is not finite).
+    table (m -> E2M1 magnitude of dec(m) * d * r) built per source group (e2m1_table16, two
+    entries per f16x2 instruction) and looked up 4 codes at a time with PRMT (_rq_table /
+    _rq_encode). bf16/int8: values encoded 8 per output word (_bf16_enc8 / _i8_enc8; the integer
+    encoder only when r is not finite). Output scales by the hardware E4M3 conversions.
     """
     load = _RQ_LOAD[F]
     K = _RQ_KEEP[F]
