@@ -433,7 +433,6 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 _WARPS = 4  # warps per block
 _FULL = 0xFFFFFFFF
 _MAX_BLOCKS = 4096  # grid cap before a kernel's occupancy is known (its first launch compiles it)
-_DQ_STEPS = 8  # dequant: 4-value steps per lane per iteration (loads issued one iteration ahead)
 
 # 16-byte (or 8-byte) vector loads and stores of 32-bit elements a[idx], a[idx + 1], ... along the
 # last axis (numba emits one scalar access per element otherwise). The launchers check that the
