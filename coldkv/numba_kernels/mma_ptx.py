@@ -18,7 +18,7 @@ from coldkv.numba_kernels.fp import e4m3_dec
 from coldkv.numba_kernels.ptx import asm as _asm, prmt, sim_prmt as _sim_prmt  # noqa: F401 (prmt: re-exported)
 
 # E4M3 byte -> float32 for the simulator's emulations (fp.e4m3_dec is tested against the reference;
-# not imported from quant.py, which imports this module's cp.async primitives)
+# not imported from quant.py, which imports ptx.py as this module does)
 _E4M3_TAB = np.array([e4m3_dec(b) for b in range(256)], np.float32)
 
 
@@ -173,23 +173,6 @@ def sts4(typingctx, arr, idx, a, b, c, d):
         return context.get_dummy_value()
 
     return types.none(arr, idx, a, b, c, d), codegen
-
-
-@intrinsic
-def lds4(typingctx, arr, idx):
-    """ld.shared.v4.u32 of arr[idx .. idx + 4) (idx a multiple of 4, arr 4-byte elements)."""
-    ret = types.UniTuple(types.uint32, 4)
-
-    def codegen(context, builder, sig, args):
-        addr = _smem_ptr(context, builder, sig.args[0], args[0],
-                         context.cast(builder, args[1], sig.args[1], types.uint32))
-        i32 = ir.IntType(32)
-        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
-                                      "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                                      side_effect=True), [addr])
-        return context.make_tuple(builder, ret, [builder.extract_value(r, k) for k in range(4)])
-
-    return ret(arr, idx), codegen
 
 
 @intrinsic
@@ -410,10 +393,9 @@ def _sim_ldg(n):
 
 
 def _sim_cp_async(n):
-    def cp(dst, di, src, si):  # lands at once under the simulator; indices are flat
-        d, s = dst.reshape(-1), src.reshape(-1)
+    def cp(dst, di, src, si):  # lands at once under the simulator
         for k in range(n):
-            d[int(di) + k] = s[int(si) + k]
+            dst[int(di) + k] = src[int(si) + k]
     return cp
 
 
@@ -450,11 +432,6 @@ def _sim_sts4(arr, idx, a, b, c, d):
         arr[i + k] = np.uint32(v)
 
 
-def _sim_lds4(arr, idx):
-    i = int(idx)
-    return tuple(np.uint32(arr[i + k]) for k in range(4))
-
-
 def _sim_cp_async16_zfill(sarr, sidx, garr, gidx, nbytes):
     i, g = int(sidx), int(gidx)
     for k in range(4):
@@ -479,7 +456,6 @@ if SIMULATED:
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
     ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
-    lds4 = _sim_lds4
     cp_async_wait_all = lambda: None  # noqa: E731
     cp_async4, cp_async16 = _sim_cp_async(1), _sim_cp_async(4)
     cp_async_commit = _sim_nop

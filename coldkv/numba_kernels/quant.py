@@ -754,11 +754,8 @@ if config.ENABLE_CUDASIM:
         """The fp16 six-op encoder (one rounding to fp16 per instruction; .sat maps NaN to 0)."""
         def f16(v):
             return float(np.float16(v))
-
-        def sat(v):
-            return min(max(v, 0.0), 1.0) if v == v else 0.0
         p = x * c if c else 0.0  # x may be inf; c = 0 gives 0 (NaN, then .sat)
-        u, v, w = sat(f16(p)), sat(f16(p - 1.0)), sat(f16(p - 2.0))
+        u, v, w = _sat(f16(p)), _sat(f16(p - 1.0)), _sat(f16(p - 2.0))
         t = f16(u * 4.0 + 1024.0)
         t = f16(v * 2.0 + t)
         return int(f16(w + t)) - 1024
@@ -1295,7 +1292,7 @@ def _rq_max_bf16(F, w, sw, s, stp, row, g):
     """Pass 1 of one 64-value unit (words w): its group max, not finite when the group holds a
     non-finite value (the kernel then takes the unit's finite max value by value, _rq_amax_slow).
     Monotonic shortcuts: bf16 an integer max of |bits|, int8 max |code| times the row scale,
-    4-bit the largest code magnitude per quarter times its step."""
+    4-bit the top code times the largest step (_rq_max_4bit)."""
     m = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0))
     m = _bf16_m4(w[4], w[5], w[6], w[7], m)
     m = _bf16_m4(w[8], w[9], w[10], w[11], m)
@@ -1544,7 +1541,6 @@ def _make_requant(F):
         pd = P * D
         nu = pd >> 6  # 64-value units (output groups) of a page
         wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
-        uw = wpp // nu  # code words per unit
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
         sh6 = ld - 6
         scol_m = (D >> 6) - 1
