@@ -4,6 +4,9 @@ Replays the interleaving two processes can produce: both read the index before e
 each saves a different signature, and the first one's index write lands last. numba's own naming
 (by index order) then loads the second signature's code for the first key; ours does not.
 """
+import os
+
+import numba
 import numpy as np
 import pytest
 from numba.core.caching import IndexDataCacheFile
@@ -34,6 +37,16 @@ def test_keyed_naming_keeps_each_signature(tmp_path):
 def test_runtime_cpu_kernels_use_keyed_cache():
     for f in (attention.paged_attention_cpu, quant.append_cpu, quant.dequant_rows_cpu, quant.requant_c4g64_cpu):
         assert isinstance(f._cache._cache_file, _KeyedCacheFile), f
+
+
+@pytest.mark.skipif(bool(numba.config.CACHE_DIR), reason="NUMBA_CACHE_DIR set: the user's directory is kept")
+def test_cache_files_stay_out_of_the_package():
+    """Never in the package's __pycache__: in a regular install that is site-packages, where pip
+    uninstall leaves the files and the leftover coldkv/ directory shadows a later editable install."""
+    package = os.path.dirname(os.path.abspath(quant.__file__))
+    for f in (attention.paged_attention_cpu, quant.append_cpu, _total):
+        path = os.path.abspath(f._cache._cache_file._cache_path)
+        assert os.path.commonpath([path, package]) != package, path
 
 
 @cached_njit()

@@ -8,13 +8,20 @@ checks only ndim and itemsize: seen on the H200 as "can't unbox array from PyObj
 with two formats whose codes share an itemsize (int8 vs uint8) it would run on misread data.
 Naming each file by a hash of its key makes a collision impossible; the index race that remains
 only loses an entry (a recompile).
+
+Where numba would cache next to the source (its in-tree `__pycache__`), the cache goes to numba's
+user-wide cache directory instead: in a regular (non-editable) install that `__pycache__` is inside
+site-packages, and `pip uninstall` leaves the cache files behind, so after `pip install -e .` a
+`coldkv/` directory without `__init__.py` stays in site-packages and shadows the editable install
+as a namespace package (the README's two quick-start commands in one environment failed so). A
+cache directory set by the user (NUMBA_CACHE_DIR) is kept.
 """
 from __future__ import annotations
 
 import hashlib
 
 from numba import njit
-from numba.core.caching import IndexDataCacheFile
+from numba.core.caching import IndexDataCacheFile, InTreeCacheLocator, UserWideCacheLocator
 
 
 class _KeyedCacheFile(IndexDataCacheFile):
@@ -28,9 +35,16 @@ class _KeyedCacheFile(IndexDataCacheFile):
 
 
 def keyed_cache(dispatcher):
-    """Switch a `cache=True` dispatcher to key-named data files; returns it."""
-    cache_file = dispatcher._cache._cache_file
-    cache_file.__class__ = _KeyedCacheFile
+    """Switch a `cache=True` dispatcher to key-named data files, out of the source tree; returns it."""
+    cache, impl = dispatcher._cache, dispatcher._cache._impl
+    if isinstance(impl.locator, InTreeCacheLocator):
+        user_wide = UserWideCacheLocator.from_function(dispatcher.py_func, impl.locator._py_file)
+        if user_wide is not None:  # else (no writable user cache dir) numba's choice stays
+            impl._locator = user_wide
+            cache._cache_path = user_wide.get_cache_path()
+    old = cache._cache_file
+    cache._cache_file = _KeyedCacheFile(cache_path=cache._cache_path, filename_base=impl.filename_base,
+                                        source_stamp=old._source_stamp)
     return dispatcher
 
 
