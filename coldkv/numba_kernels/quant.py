@@ -1249,7 +1249,7 @@ def _rq_step(F, stp, row, sw, q, g):
     nvfp4/iso3 look it up in the page's table of the 128 positive steps (IEEE division is odd in
     its numerator: a negative byte's step is the negated entry); c4g64 divides once per unit."""
     if F == C4G64:
-        return e4m3_dec(np.int64(sw)) / g
+        return e4m3_f32(sw) / g
     b = (_u32(sw) >> np.uint32(8 * q)) & np.uint32(0xFF)
     d = stp[row, b & np.uint32(0x7F)]
     return -d if b >= np.uint32(0x80) else d
@@ -1561,7 +1561,7 @@ def _make_requant(F):
             if STEPS:
                 cuda.syncwarp()  # the previous page's lookups are done
                 for b in range(lane, 128, 32):
-                    stp[wid, b] = e4m3_dec(np.int64(b)) / g
+                    stp[wid, b] = e4m3_f32(b) / g
                 cuda.syncwarp()
             gm0 = umax(F, w0, sw0, s0, stp, wid, g)
             gm1 = umax(F, w1, sw1, s1, stp, wid, g) if K > 1 else z
