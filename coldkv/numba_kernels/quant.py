@@ -1495,12 +1495,26 @@ def _rq_emit_4bit(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow
     _stf4(o32, ob + 4, (o4, o5, o6, o7))
 
 
-_RQ_KEEP = {BF16: 2, INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a lane keeps in registers
+@cuda.jit(device=True)
+def _rq_sync(block):
+    if block:
+        cuda.syncthreads()
+    else:
+        cuda.syncwarp()
+
+
+_RQ_KEEP = {BF16: 1, INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a thread keeps in registers
+# a page per warp, or per block (bf16: a unit is 32 registers, so a warp cannot hold a page's 128
+# units; the block's 4 warps hold one each, as the block-per-page kernel did, measured 3-5% faster
+# than 2 units per lane for bf16)
+_RQ_BLOCK_PAGE = (BF16,)
 
 
 def _make_requant(F):
     """Requantize-to-c4g64 kernel for source format F: page pages[j] (global gsrc[j]) -> out_*[j];
-    a warp per page, no block barrier (launch_requant_c4g64).
+    a warp per page, no block barrier (launch_requant_c4g64); bf16 (_RQ_BLOCK_PAGE) a block per
+    page, one unit per thread, the warps' maxima through shared memory (read "thread" and the
+    block's threads for "lane" and the warp's lanes below).
 
     Lane l owns output 64-groups (units) u = l, l + 32, ...: it loads its first _RQ_KEEP[F] units
     at once (4-bit 4 x 32 B, int8 4 x 64 B + row scales, bf16 2 x 128 B) and keeps them in
@@ -1522,6 +1536,7 @@ def _make_requant(F):
     """
     load = _RQ_LOAD[F]
     K = _RQ_KEEP[F]
+    BLOCK = F in _RQ_BLOCK_PAGE
     STEPS = F == NVFP4 or F == ISO3
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
@@ -1538,15 +1553,21 @@ def _make_requant(F):
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
         stp = cuda.shared.array((_WARPS, 128), np.float32)  # nvfp4/iso3: this warp's steps by byte
+        red = cuda.shared.array((2, _WARPS), np.float32)  # a block per page: the warps' maxima by page parity
+        # a page's threads: its warp (t = lane, T = 32) or the whole block
+        t = cuda.threadIdx.x if BLOCK else lane
+        T = cuda.blockDim.x if BLOCK else 32
+        row = 0 if BLOCK else wid  # step-table row
         pd = P * D
         nu = pd >> 6  # 64-value units (output groups) of a page
         wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
         sh6 = ld - 6
         scol_m = (D >> 6) - 1
-        nk = min(nu, 32 * K)  # units kept in registers
+        nk = min(nu, T * K)  # units kept in registers
         z = np.float32(0.0)
-        j = cuda.blockIdx.x * nwb + wid
+        par = 0
+        j = cuda.blockIdx.x if BLOCK else cuda.blockIdx.x * nwb + wid
         while j < pages.shape[0]:
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
@@ -1554,43 +1575,51 @@ def _make_requant(F):
             sb0 = page * spp
             r0 = page * P
             # all of this page's kept units in flight at once (a unit past nk loads nothing: zeros)
-            w0, sw0, s0 = load(c32, scales, wb, sb0, r0, lane, nk, ld)
-            w1, sw1, s1 = load(c32, scales, wb, sb0, r0, lane + 32, nk if K > 1 else 0, ld)
-            w2, sw2, s2 = load(c32, scales, wb, sb0, r0, lane + 64, nk if K > 2 else 0, ld)
-            w3, sw3, s3 = load(c32, scales, wb, sb0, r0, lane + 96, nk if K > 3 else 0, ld)
+            w0, sw0, s0 = load(c32, scales, wb, sb0, r0, t, nk, ld)
+            w1, sw1, s1 = load(c32, scales, wb, sb0, r0, t + T, nk if K > 1 else 0, ld)
+            w2, sw2, s2 = load(c32, scales, wb, sb0, r0, t + 2 * T, nk if K > 2 else 0, ld)
+            w3, sw3, s3 = load(c32, scales, wb, sb0, r0, t + 3 * T, nk if K > 3 else 0, ld)
             if STEPS:
-                cuda.syncwarp()  # the previous page's lookups are done
-                for b in range(lane, 128, 32):
-                    stp[wid, b] = e4m3_f32(b) / g
-                cuda.syncwarp()
-            gm0 = umax(F, w0, sw0, s0, stp, wid, g)
-            gm1 = umax(F, w1, sw1, s1, stp, wid, g) if K > 1 else z
-            gm2 = umax(F, w2, sw2, s2, stp, wid, g) if K > 2 else z
-            gm3 = umax(F, w3, sw3, s3, stp, wid, g) if K > 3 else z
+                _rq_sync(BLOCK)  # the previous page's lookups are done
+                for b in range(t, 128, T):
+                    stp[row, b] = e4m3_f32(b) / g
+                _rq_sync(BLOCK)
+            gm0 = umax(F, w0, sw0, s0, stp, row, g)
+            gm1 = umax(F, w1, sw1, s1, stp, row, g) if K > 1 else z
+            gm2 = umax(F, w2, sw2, s2, stp, row, g) if K > 2 else z
+            gm3 = umax(F, w3, sw3, s3, stp, row, g) if K > 3 else z
             amax = max(max(gm0, gm1), max(gm2, gm3))
-            nl = (nu - lane + 31) >> 5  # units of this lane
+            nl = (nu - t + T - 1) // T if t < nu else 0  # units of this thread
             fin = gm0 <= F32_MAX and gm1 <= F32_MAX and gm2 <= F32_MAX and gm3 <= F32_MAX
             if not fin or nl > K:  # non-finite groups (rare), or large pages
                 amax = z
                 for k in range(nl):
                     gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
                     if k >= K:
-                        w, sw, s = load(c32, scales, wb, sb0, r0, lane + 32 * k, nu, ld)
-                        gm = umax(F, w, sw, s, stp, wid, g)
+                        w, sw, s = load(c32, scales, wb, sb0, r0, t + T * k, nu, ld)
+                        gm = umax(F, w, sw, s, stp, row, g)
                     if not (gm <= F32_MAX):
-                        gm = _rq_amax_slow(F, codes, scales, page, lane + 32 * k, ld, g)
+                        gm = _rq_amax_slow(F, codes, scales, page, t + T * k, ld, g)
                     amax = max(amax, gm)
             for sh in (16, 8, 4, 2, 1):
                 amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
+            if BLOCK:  # the warps' maxima through shared memory (double-buffered: one barrier per page)
+                if lane == 0:
+                    red[par, wid] = amax
+                cuda.syncthreads()
+                amax = red[par, lane] if lane < nwb else z
+                for sh in (16, 8, 4, 2, 1):
+                    amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
+                par ^= 1
             g2 = global_scale_for(amax)
-            if lane == 0:
+            if t == 0:
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
             # Units past the kept ones (large pages) are read again.
             for k in range(nl):
-                u = lane + 32 * k
+                u = t + T * k
                 if k < K:
                     w = w0 if k == 0 else (w1 if k == 1 else (w2 if k == 2 else w3))
                     sw = sw0 if k == 0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
@@ -1598,9 +1627,9 @@ def _make_requant(F):
                     gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
                 else:
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                    gm = umax(F, w, sw, s, stp, wid, g)
-                emit(F, w, sw, s, stp, wid, g, gm, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
-            j += cuda.gridDim.x * nwb
+                    gm = umax(F, w, sw, s, stp, row, g)
+                emit(F, w, sw, s, stp, row, g, gm, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+            j += cuda.gridDim.x * (1 if BLOCK else nwb)
 
     return requant
 
@@ -1683,8 +1712,8 @@ def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scal
     _check_pages(codes, scales, out_codes)
     if pages.shape[0] and codes.shape[1]:
         k = requant_c4g64_cuda[int(fmt_id)]
-        k[_grid(k, pages.shape[0]), 32 * _WARPS, stream](  # a warp per page
-            codes, scales, pages, gsrc, out_codes, out_scales, out_g)
+        warps = pages.shape[0] * (_WARPS if int(fmt_id) in _RQ_BLOCK_PAGE else 1)  # a block or a warp per page
+        k[_grid(k, warps), 32 * _WARPS, stream](codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
 # ================================================================================== PTX check
