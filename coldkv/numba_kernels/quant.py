@@ -1117,15 +1117,22 @@ def _lut_word(lo, hi, w):
 
 
 @register_jitable
+def _has7(x0, x1):
+    """Whether any of the 16 nibbles of x0, x1 has code magnitude 7 (its three low bits set)."""
+    x0, x1 = _u32(x0), _u32(x1)
+    return ((x0 & (x0 >> np.uint32(1)) & (x0 >> np.uint32(2))) | (x1 & (x1 >> np.uint32(1)) & (x1 >> np.uint32(2)))) \
+        & np.uint32(0x11111111) != np.uint32(0)
+
+
+@register_jitable
 def _max_mag16(w0, w1):
     """Largest code magnitude (low 3 bits of a nibble) among the 16 nibbles of w0, w1, bit by bit
     on all nibbles at once (SWAR): keep the nibbles that have the next bit when any has it."""
     x0 = _u32(w0) & np.uint32(0x77777777)
     x1 = _u32(w1) & np.uint32(0x77777777)
     # a group quantized from data almost always holds its top code (the scale maps its max near
-    # the format's largest magnitude): test for magnitude 7 first (bits 0-2 of a nibble all set)
-    if ((x0 & (x0 >> np.uint32(1)) & (x0 >> np.uint32(2))) | (x1 & (x1 >> np.uint32(1)) & (x1 >> np.uint32(2)))) \
-            & np.uint32(0x11111111) != np.uint32(0):
+    # the format's largest magnitude): test for magnitude 7 first
+    if _has7(x0, x1):
         return np.int64(7)
     m = np.uint32(0)
     if ((x0 | x1) & np.uint32(0x44444444)) != np.uint32(0):
@@ -1316,14 +1323,6 @@ def _rq_max_int8(F, w, sw, s, stp, row, g):
     return abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
 
 
-@register_jitable
-def _has7(x0, x1):
-    """Whether any of the 16 nibbles of x0, x1 has code magnitude 7 (its three low bits set)."""
-    x0, x1 = _u32(x0), _u32(x1)
-    return ((x0 & (x0 >> np.uint32(1)) & (x0 >> np.uint32(2))) | (x1 & (x1 >> np.uint32(1)) & (x1 >> np.uint32(2)))) \
-        & np.uint32(0x11111111) != np.uint32(0)
-
-
 @cuda.jit(device=True)
 def _rq_max_4bit(F, w, sw, s, stp, row, g):
     # A group quantized from data holds its top code in every source group (the scale maps each
@@ -1421,15 +1420,9 @@ def _i8_enc8(a, b, s, r):
 
 
 @cuda.jit(device=True)
-def _rq_emit_bf16(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
-    """Pass 2 of one 64-value unit: its E4M3 scale from the group max gm, then its 32 code bytes
+def _rq_emit_bf16(F, w, sw, s, stp, row, g, r, o32, ob):
+    """Pass 2 of one 64-value unit with output multiplier r (scale not NaN): its 32 code bytes
     (bf16: output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
-    sb, r = _rq_out_scale(gm, g2)
-    out_scales[j, srow, scol] = sb
-    if sb == E4M3_NAN:
-        _stf4(o32, ob, (0, 0, 0, 0))
-        _stf4(o32, ob + 4, (0, 0, 0, 0))
-        return
     if r <= F32_MAX:
         _stf4(o32, ob, (_bf16_enc8(w[0], w[1], w[2], w[3], r), _bf16_enc8(w[4], w[5], w[6], w[7], r),
                         _bf16_enc8(w[8], w[9], w[10], w[11], r), _bf16_enc8(w[12], w[13], w[14], w[15], r)))
@@ -1444,14 +1437,8 @@ def _rq_emit_bf16(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow
 
 
 @cuda.jit(device=True)
-def _rq_emit_int8(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+def _rq_emit_int8(F, w, sw, s, stp, row, g, r, o32, ob):
     """As _rq_emit_bf16; int8: output word k from source words 2k, 2k+1."""
-    sb, r = _rq_out_scale(gm, g2)
-    out_scales[j, srow, scol] = sb
-    if sb == E4M3_NAN:
-        _stf4(o32, ob, (0, 0, 0, 0))
-        _stf4(o32, ob + 4, (0, 0, 0, 0))
-        return
     if r <= F32_MAX and s >= np.float32(0.0):
         _stf4(o32, ob, (_i8_enc8(w[0], w[1], s, r), _i8_enc8(w[2], w[3], s, r),
                         _i8_enc8(w[4], w[5], s, r), _i8_enc8(w[6], w[7], s, r)))
@@ -1466,14 +1453,8 @@ def _rq_emit_int8(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow
 
 
 @cuda.jit(device=True)
-def _rq_emit_4bit(F, w, sw, s, stp, row, g, gm, g2, o32, ob, out_scales, j, srow, scol):
+def _rq_emit_4bit(F, w, sw, s, stp, row, g, r, o32, ob):
     """As _rq_emit_bf16; 4-bit sources by code tables."""
-    sb, r = _rq_out_scale(gm, g2)
-    out_scales[j, srow, scol] = sb
-    if sb == E4M3_NAN:
-        _stf4(o32, ob, (0, 0, 0, 0))
-        _stf4(o32, ob + 4, (0, 0, 0, 0))
-        return
     d0 = _rq_step(F, stp, row, sw, 0, g)
     lo, hi = _rq_table(F, d0, r)
     o0, o1 = _rq_encode(lo, hi, w[0], d0, r), _rq_encode(lo, hi, w[1], d0, r)
@@ -1628,7 +1609,13 @@ def _make_requant(F):
                 else:
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                     gm = umax(F, w, sw, s, stp, row, g)
-                emit(F, w, sw, s, stp, row, g, gm, g2, o32, ob + 8 * u, out_scales, j, u >> sh6, u & scol_m)
+                sb, r = _rq_out_scale(gm, g2)
+                out_scales[j, u >> sh6, u & scol_m] = sb
+                if sb == E4M3_NAN:  # a poisoned group: zero codes
+                    _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
+                    _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
+                else:
+                    emit(F, w, sw, s, stp, row, g, r, o32, ob + 8 * u)
             j += cuda.gridDim.x * (1 if BLOCK else nwb)
 
     return requant
