@@ -6,7 +6,7 @@
 The same checkpoint for both (default: the bundled model; for prompts past its 64k context both
 load it with YaRN x4 written into a copied config.json). Prompt: the examples' texts tokenized
 and repeated to the length. For each prompt length and KV table:
-  coldkv  engine.generate on the CUDA backend (prefill in chunks of 2048, enqueued back to back,
+  coldkv  engine.generate on the CUDA backend (prefill in chunks of the backend's size, enqueued back to back,
           full chunks and decode steps replayed from CUDA graphs captured for this generate's
           cache), greedy, --new tokens; prefill_s and decode_s as the engine times them (each
           decode step ends with the GPU-sampled token copied to the host).
@@ -145,7 +145,7 @@ def main() -> None:
             # a backend per prefill kernel: each captures graphs of passes it has compiled
             backends = {kern: CUDABackend(model) for kern in kernels}
             n_layers = backends[kernels[0]].args.num_hidden_layers
-            warm = ids[:2 * CUDABackend.prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
+            warm = ids[:2 * backends[kernels[0]].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
                 for kern in kernels:
                     time_coldkv(backends[kern], tok, warm, resolve_table(name, n_layers), 8, kern)

@@ -360,6 +360,27 @@ def test_plan_prefill():
     assert A.plan_prefill(512, 2, 2, 131072, 64, 132, 16) == (16, 16)
     assert A.plan_prefill(512, 8, 4, 4096, 64, 132, 16) == (32, 3)  # 256 blocks already: ~4 per SM
     assert A.plan_prefill(5, 1, 8, 100, 64, 132, 64) == (1, 2)  # at most one split per page
+    # given the kernel's resident blocks (fa: 2 per SM), a grid that fills them is not split
+    assert A.plan_prefill(8192, 2, 2, 32768, 64, 132, 4, resident=264) == (256, 1)
+    assert A.plan_prefill(2048, 2, 2, 32768, 64, 132, 16, resident=264) == (64, 5)  # 128 blocks: split
+
+
+def test_prefill_chunk_tokens():
+    """The CUDA backend's chunk grows until the fa grid (4 x 16 // G tokens a block and kv head)
+    fills 2 blocks per SM, within 2048..8192 tokens and the buffer budget."""
+    from coldkv.runtime.config import ModelArgs
+    from coldkv.runtime.cuda_backend import prefill_chunk_tokens
+
+    base = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 8, "vocab_size": 8192,
+            "head_dim": 128}
+    tiny = ModelArgs.from_dict({**base, "num_attention_heads": 4, "num_key_value_heads": 2})
+    assert prefill_chunk_tokens(tiny, 132) == 8192  # 2048: 128 blocks, 4096: 256, 8192: 512 >= 264
+    assert prefill_chunk_tokens(tiny, 100) == 4096
+    gqa4 = ModelArgs.from_dict({**base, "num_attention_heads": 32, "num_key_value_heads": 8})
+    assert prefill_chunk_tokens(gqa4, 132) == 2048  # 1024 blocks already
+    wide = ModelArgs.from_dict({**base, "hidden_size": 16384, "intermediate_size": 65536,
+                                "num_attention_heads": 4, "num_key_value_heads": 2})
+    assert prefill_chunk_tokens(wide, 132) == 2048  # 4096 tokens of buffers would pass 1 GiB
 
 
 def test_plan_splits():
@@ -479,6 +500,60 @@ def test_gpu_prefill_device_position(kernel):
         np.testing.assert_array_equal(got[0], got[1])
         n = pos0 + T
         check(got[0], *references(q, kd[:n], vd[:n], pos0, sm, kf, vf, kernel))
+
+
+def _force_prefill_splits(monkeypatch, splits):
+    """plan_prefill with its split count replaced; -> a list of the splits of each launch."""
+    plan, seen = A.plan_prefill, []
+
+    def forced(*args, **kw):
+        nqb, _ = plan(*args, **kw)
+        seen.append(splits)
+        return nqb, splits
+    monkeypatch.setattr(A, "plan_prefill", forced)
+    return seen
+
+
+def _no_reduce(monkeypatch):
+    def fail(*args, **kw):
+        raise AssertionError("an unsplit fa launch ran the reduce")
+    monkeypatch.setattr(A, "_reduce", fail)
+
+
+def test_fa_prefill_unsplit_writes_the_output(monkeypatch):
+    """One split: the fa kernel normalizes and writes `out` itself (no reduce kernel); every
+    output element is written (out starts NaN) and equals the reference."""
+    seen = _force_prefill_splits(monkeypatch, 1)
+    _no_reduce(monkeypatch)
+    check(*run_case(Q.BF16, Q.NVFP4, G=2, D=64, L=20, T=4, H=1, P=16, seed=11, kernel="mma_fa"))
+    assert seen == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kname,vname", [("bf16", "bf16"), ("nvfp4", "int8")])
+def test_gpu_fa_prefill_unsplit_equals_split(monkeypatch, kname, vname):
+    """A chunk whose grid fills the GPU runs unsplit (plan_prefill with the kernel's resident
+    blocks) and writes its output directly; it equals the same chunk split 4 ways and merged
+    by the reduce (which the other tests check against the reference), up to the order of the fp32 sums."""
+    kf, vf, G, H, D, P, T, L = FMTS[kname], FMTS[vname], 2, 4, 128, 64, 4096, 6000
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 31)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    q = cuda.to_device(np.random.default_rng(32).standard_normal((T, G * H, D)).astype(np.float32))
+    ws = A.AttentionWorkspace(4, T, G * H, D)
+    outs = []
+    for forced in (None, 4):
+        with monkeypatch.context() as mp:
+            if forced:
+                _force_prefill_splits(mp, forced)
+            else:
+                _no_reduce(mp)
+            out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+            A.paged_attention_cuda(q, out, L - T, 1 / math.sqrt(D), kf, dev[0], dev[1], vf, dev[2], dev[3],
+                                   dev[4], dev[5], ws, check_cold=False, kernel="mma")
+            outs.append(out.copy_to_host())
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5 * np.abs(outs[1]).max())
 
 
 @pytest.mark.gpu

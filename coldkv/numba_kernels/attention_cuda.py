@@ -627,11 +627,17 @@ def _prefill_auto(kf, vf):
     return ("fa", NWARPS)
 
 
-def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1):
+def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,
+                 resident: int = 0):
     """(query blocks, splits) of the prefill kernel (attention_prefill rows kernel): blocks of
     NWARPS * mt * (16 // G) query tokens; the pages are split so that the grid has ~4 blocks per
-    SM (its kernels hold ~2 per SM), at most `max_splits` (workspace) and one page per split."""
+    SM (its kernels hold ~2 per SM), at most `max_splits` (workspace) and one page per split.
+    Given `resident` (blocks of the kernel the GPU holds at once), a grid that fills that wave
+    unsplit gets one split: splitting it further only adds the reduce (~1 ms per 2048-token
+    chunk-layer at 4 splits, H200) and more waves."""
     nqb = -(-T // (NWARPS * mt * (16 // G)))
+    if resident and nqb * H >= resident:
+        return nqb, 1
     npages = max(1, -(-L_max // P))
     want = -(-(n_sm * 4) // (nqb * H))
     return nqb, max(1, min(want, max_splits, npages))
@@ -640,17 +646,17 @@ def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_spli
 _RESIDENT: dict = {}
 
 
-def _resident_blocks(kern, sig: str) -> int:
-    """Blocks of THREADS threads of `kern` that are resident on the whole GPU at once (its
+def _resident_blocks(kern, sig: str, threads: int = THREADS) -> int:
+    """Blocks of `threads` threads of `kern` that are resident on the whole GPU at once (its
     registers and shared memory per SM x SMs), compiled for `sig` to find out; 0 (no limit known)
     under the simulator."""
     from numba import config
 
     if config.ENABLE_CUDASIM:
         return 0
-    key = (id(kern), sig)
+    key = (id(kern), sig, threads)
     if key not in _RESIDENT:
-        _RESIDENT[key] = int(kern.compile(sig).max_cooperative_grid_blocks(THREADS))
+        _RESIDENT[key] = int(kern.compile(sig).max_cooperative_grid_blocks(threads))
     return _RESIDENT[key]
 
 
@@ -734,16 +740,24 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 
         smem = {"smem": True, "fa": "fa"}.get(prefill, False)
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
-        # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
-        nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block)
-        ws_acc, ws_ml = ws.views(splits, T)
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
                                                     smem, mma_warps)
+        threads = 32 * mma_warps if smem else THREADS
+        # only "fa" writes the final output itself when unsplit; the others always merge
+        resident = _resident_blocks(kern, attention_prefill.kernel_sig(k_fmt, v_fmt, devpos), threads) \
+            if smem == "fa" else 0
+        # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
+        nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block, resident)
+        ws_acc, ws_ml = ws.views(splits, T)
+        direct = smem == "fa" and splits == 1
+        if direct:  # the kernel normalizes and writes out ([1, T, Hq, D] view): no reduce
+            ws_acc = out.reshape(1, T, Hq, D)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
-        kern[(nqb, splits, H), 32 * mma_warps if smem else THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
+        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                                 _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
-        _reduce(ws_acc, ws_ml, splits, out, stream)
+        if not direct:
+            _reduce(ws_acc, ws_ml, splits, out, stream)
         return out
     if use_mma:
         from coldkv.numba_kernels import attention_mma

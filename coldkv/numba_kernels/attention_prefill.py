@@ -1186,14 +1186,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
             l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
             l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 2)
+            # one split: every row saw all its keys (at least its own), so the block writes the
+            # normalized output itself (ws_acc is then out viewed as [1, T, Hq, D]) and no reduce
+            # runs; (acc * vc) / l is what the reduce computes for one split (weight exp2(0) = 1)
+            final = nsplit == 1
             for hi in range(2):
                 r = gid + 8 * hi
                 tq = tq0 + r // G
                 if r < RU and tq < T:
                     hq = hq0 + r % G
-                    if tig == 0:
+                    lr = l0 if hi == 0 else l1
+                    if tig == 0 and not final:
                         ws_ml[split, tq, hq, 0] = m0 if hi == 0 else m1
-                        ws_ml[split, tq, hq, 1] = l0 if hi == 0 else l1
+                        ws_ml[split, tq, hq, 1] = lr
                     for n in range(ND8):
                         if V4:
                             dm = 8 * n + tig
@@ -1201,8 +1206,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         else:
                             dm = 8 * n + 2 * tig
                             dm1 = dm + 1
-                        ws_acc[split, tq, hq, dm] = acc[n, 2 * hi] * vc
-                        ws_acc[split, tq, hq, dm1] = acc[n, 2 * hi + 1] * vc
+                        o0 = acc[n, 2 * hi] * vc
+                        o1 = acc[n, 2 * hi + 1] * vc
+                        if final:
+                            o0 = o0 / lr
+                            o1 = o1 / lr
+                        ws_acc[split, tq, hq, dm] = o0
+                        ws_acc[split, tq, hq, dm1] = o1
 
     return attn_mma_fa
 

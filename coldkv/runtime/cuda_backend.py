@@ -25,7 +25,7 @@ from numba import cuda
 
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
-from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, paged_attention_cuda
+from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda
 from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
@@ -36,12 +36,32 @@ from coldkv.runtime.rope import Rope
 from coldkv.runtime.sampling import Sampler
 from coldkv.runtime.safetensors_io import bf16_bits_to_f32
 
-# Tokens per device pass (longer inputs are split). 2048, not 512: a chunk costs ~90 launches
-# however long it is, and the first chunks of every prompt run eagerly (~10 ms of Python each).
-MAX_CHUNK = 2048
+# Tokens per device pass (longer inputs are split): at least 2048, not 512, because a chunk costs
+# ~90 launches however long it is and the first chunks of every prompt run eagerly (~10 ms of
+# Python each); up to 8192 while the prefill attention grid of a chunk would not fill the GPU
+# unsplit (prefill_chunk_tokens).
+MIN_CHUNK, MAX_CHUNK = 2048, 8192
+CHUNK_BUFFER_BYTES = 1 << 30  # at most this much of per-token activation buffers
 LOGITS_CHUNK = 512  # rows per pass when every position's logits are wanted ([rows, vocab] f32 buffer)
 DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tokens: 256 used)
-PREFILL_SPLITS = 4  # x MAX_CHUNK rows of attention workspace; shorter chunks may split more
+PREFILL_SPLITS = 4  # x chunk rows of attention workspace; shorter chunks may split more
+
+
+def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
+    """Tokens per prefill pass for model `a` on a GPU of n_sm SMs. The prefill attention kernel
+    ("fa") runs blocks of 4 warps x 16 // G query tokens per kv head and holds 2 blocks per SM
+    (240-255 registers); a chunk whose grid fills those 2 n_sm slots runs unsplit and writes its
+    output directly, a smaller one is split over the keys and merged by a second kernel. So the
+    chunk doubles from MIN_CHUNK until the grid fills the GPU (the bundled model, 2 kv heads of
+    G 2: 8192 tokens; 8 kv heads of G 4: 2048), at most MAX_CHUNK and CHUNK_BUFFER_BYTES of buffers."""
+    hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
+    per_token = (4 * a.hidden_size + 2 * a.hidden_size + 2 * nq * hd + 4 * (nq + 2 * nkv) * hd + 8 * nq * hd
+                 + 8 * nkv * hd + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
+    tokens_per_block = 4 * (16 // max(1, nq // nkv))
+    T = MIN_CHUNK
+    while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and 2 * T * per_token <= CHUNK_BUFFER_BYTES:
+        T *= 2
+    return T
 
 
 @dataclass
@@ -65,7 +85,6 @@ def _f32(a: np.ndarray | None):
 
 class CUDABackend:
     name = "cuda"
-    prefill_chunk = MAX_CHUNK
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True):
@@ -76,6 +95,8 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
                             f"this model has {a.head_dim}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
+        self.max_chunk = prefill_chunk_tokens(a, _sm_count())
+        self.prefill_chunk = self.max_chunk  # the Backend protocol's default tokens per prefill step
         self.stream = cuda.stream()
         self.gemm = CublasGemm(self.stream)
         w = load_weights(model_dir, a, dtype="bf16")
@@ -102,7 +123,7 @@ class CUDABackend:
 
     # -- buffers ------------------------------------------------------------------------------------
     def _alloc_buffers(self) -> None:
-        a, T = self.args, MAX_CHUNK
+        a, T = self.args, self.max_chunk
         hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
         f32, u16, dev = np.float32, np.uint16, cuda.device_array
         self.x = dev((T, a.hidden_size), f32)  # residual stream
@@ -166,7 +187,7 @@ class CUDABackend:
     def forward(self, tokens: np.ndarray, cache: DevicePagedKVCache, all_logits: bool = False) -> np.ndarray:
         """tokens [T] -> float32 logits [vocab] (last position) or [T, vocab]; appends their K/V."""
         tokens = self._check_tokens(tokens)
-        step = LOGITS_CHUNK if all_logits else MAX_CHUNK
+        step = LOGITS_CHUNK if all_logits else self.max_chunk
         if len(tokens) > step:  # split: each pass appends to the cache, so order is kept
             parts = [self.forward(tokens[i:i + step], cache, all_logits) for i in range(0, len(tokens), step)]
             return np.concatenate(parts) if all_logits else parts[-1]
@@ -182,14 +203,14 @@ class CUDABackend:
         s.synchronize()
         return host if all_logits else host[0].copy()
 
-    def prefill(self, tokens: np.ndarray, cache: DevicePagedKVCache, chunk: int = MAX_CHUNK,
+    def prefill(self, tokens: np.ndarray, cache: DevicePagedKVCache, chunk: int | None = None,
                 on_progress: Callable[[int], None] | None = None) -> np.ndarray:
         """A prompt -> float32 logits [vocab] after its last token. Chunks are enqueued back to back
         with at most two in flight, so the host enqueues chunk i+1 while the GPU runs chunk i (a
         forward() per chunk would wait for each); tokens and chunk positions are uploaded once, so
         no host staging buffer is rewritten under a pending copy. on_progress(tokens done)."""
         tokens = self._check_tokens(tokens)
-        n, chunk = len(tokens), max(1, min(chunk, MAX_CHUNK))
+        n, chunk = len(tokens), max(1, min(chunk or self.max_chunk, self.max_chunk))
         pos0 = cache.extend(n)
         s = self.stream
         cache.sync(s)
@@ -242,7 +263,7 @@ class CUDABackend:
         return int(self.sample_host[0])
 
     def _stage(self, tokens, cache: DevicePagedKVCache) -> int:
-        """Extend the cache by len(tokens) <= MAX_CHUNK and queue their ids (self.tok), first
+        """Extend the cache by len(tokens) <= self.max_chunk and queue their ids (self.tok), first
         position (self.pos) and the block table for the device; -> that position."""
         T, s = len(tokens), self.stream
         pos0 = cache.extend(T)
