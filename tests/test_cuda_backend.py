@@ -230,6 +230,31 @@ def test_prefill_graphs_equal_eager_and_match_forward(bundled):
         assert a.argmax() == c.argmax()
 
 
+def test_new_cache_reuses_arena_and_graphs(bundled):
+    """A cache made once the last one is gone (same table, same size) reuses its device memory and
+    the graphs captured on it, the calibrating first chunk's included: every prefill's logits and
+    pages are bitwise those of a backend without graphs."""
+    d, tok, cpu, gpu, ref = bundled
+    prompt = np.array(ref["seq"][:ref["n"]])
+    eager = _cuda(d, graphs=False)
+    for name in ("nvfp4", "bf16"):
+        table = resolve_table(name, cpu.args.num_hidden_layers)
+        want_cache = eager.new_cache(table, len(prompt))
+        want = eager.prefill(prompt, want_cache, 128)
+        arenas = []
+        for _ in range(3):  # compile or capture, then replays
+            cache = gpu.new_cache(table, len(prompt))
+            arenas.append(cache.arena)
+            assert np.array_equal(gpu.prefill(prompt, cache, 128), want), name
+            for layer in range(cpu.args.num_hidden_layers):
+                for x, y in zip(cache.to_host().dense(layer), want_cache.to_host().dense(layer)):
+                    assert np.array_equal(x, y)
+            del cache
+        assert arenas[2] is arenas[1] is arenas[0]
+        if name == "nvfp4":  # its first chunk calibrates the scales: captured too
+            assert any(not all(calib) for _, _, calib in gpu._graphs)
+
+
 def test_gpu_sampling_in_the_decode_graph(bundled):
     """decode() draws on the GPU inside the captured step: each draw == the sampling spec applied
     to that step's logits at step k; greedy decode == argmax; a seeded generate repeats itself."""

@@ -907,14 +907,18 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         pos0 = read_pos(pos)
         T = q.shape[0]
         split = cuda.blockIdx.y
-        h = cuda.blockIdx.z
+        # blocks are dispatched in index order: heaviest first (a causal chunk's last query
+        # blocks see the most keys) with the kv heads interleaved, so the blocks that start last
+        # are the short ones (longest-processing-time-first balancing of an unsplit chunk)
+        xz = cuda.blockIdx.x + cuda.gridDim.x * cuda.blockIdx.z
+        h = xz % cuda.gridDim.z
         tid = cuda.threadIdx.x
         warp = tid // 32
         lane = tid % 32
         gid = lane >> 2
         tig = lane & 3
         hq0 = h * G
-        tqb0 = cuda.blockIdx.x * (W * TPM)
+        tqb0 = (cuda.gridDim.x - 1 - xz // cuda.gridDim.z) * (W * TPM)
         tqb_last = min(tqb0 + W * TPM, T) - 1
         tq0 = tqb0 + warp * TPM
         active = tq0 < T

@@ -16,6 +16,7 @@ bf16), so logits differ by a small bound (tests/test_cuda_backend.py states it).
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
 from coldkv.runtime.gemm import CublasGemm
-from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache, device_kv_nbytes
+from coldkv.runtime.kv_cache_cuda import DeviceKVArena, DevicePagedKVCache, arena_key, device_kv_nbytes
 from coldkv.runtime.kv_table import KVTable
 from coldkv.runtime.rope import Rope
 from coldkv.runtime.sampling import Sampler
@@ -114,10 +115,13 @@ class CUDABackend:
         self.sm_scale = float(a.head_dim) ** -0.5
         self._alloc_buffers()
         self._rope_rows = 0
-        # captured passes of one cache, by (tokens, head). Graphs hold the cache's pool and table
-        # addresses, so a new cache means new captures.
-        self._graph_cache: DevicePagedKVCache | None = None
-        self._graphs: dict[tuple[int, str | None], CapturedGraph] = {}
+        # captured passes over one KV arena (a cache's device memory), by (tokens, head, layers
+        # still to calibrate). Graphs hold the arena's pool and table addresses: a new cache
+        # replays them when it reuses the arena (new_cache), else it captures its own.
+        self._arena: DeviceKVArena | None = None
+        self._arena_user = lambda: None  # weak reference to the cache using self._arena
+        self._graph_arena: DeviceKVArena | None = None
+        self._graphs: dict[tuple, CapturedGraph] = {}
         self._sampler: Sampler | None = None  # whose rules and seed are in sample_params / sample_state
         self._compiled: set[tuple] = set()  # (T, head, KV formats) passes run once: no compile under capture
 
@@ -156,19 +160,35 @@ class CUDABackend:
         cos, sin = self.rope.cos_sin(np.arange(rows))
         self.cos, self.sin = cuda.to_device(cos), cuda.to_device(sin)
         self._rope_rows = rows
-        self._graph_cache = None  # captured graphs hold the old tables
+        self._graph_arena = None  # captured graphs hold the old tables
 
     # -- Backend protocol ---------------------------------------------------------------------------
     def new_cache(self, table: KVTable, max_tokens: int) -> DevicePagedKVCache:
+        """A cache for one sequence. The device memory (and the graphs captured on it) of the last
+        cache is reused when that cache is gone and had the same table and page count."""
         a = self.args
         self._ensure_rope(max_tokens)
-        return DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
+        reuse = self._arena if self._arena_user() is None else None
+        if reuse is not None and reuse.key != arena_key(table, a.num_key_value_heads, a.head_dim,
+                                                        -(-max_tokens // self.page_tokens), self.page_tokens):
+            reuse = self._arena = self._graph_arena = None  # free it before allocating another
+            self._graphs = {}
+        if reuse is not None:
+            self.stream.synchronize()  # nothing queued may still read it
+        cache = DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens, reuse)
+        self._arena, self._arena_user = cache.arena, weakref.ref(cache)
+        return cache
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a = self.args
         need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
-        need += max(0, max_tokens - self._rope_rows) * a.head_dim * 4  # cos + sin tables
         free, total = cuda.current_context().get_memory_info()
+        held = self._arena if self._arena_user() is None else None  # new_cache reuses or frees it
+        if held is not None:
+            key = arena_key(table, a.num_key_value_heads, a.head_dim, -(-max_tokens // self.page_tokens),
+                            self.page_tokens)
+            need, free = (0, free) if held.key == key else (need, free + held.nbytes)
+        need += max(0, max_tokens - self._rope_rows) * a.head_dim * 4  # cos + sin tables
         if need > free:
             raise PlanError(
                 f"{max_tokens} tokens of KV with table {table.name} need {need / 2**30:.2f} GiB of GPU "
@@ -222,12 +242,12 @@ class CUDABackend:
         for c, start in enumerate(starts):
             T = min(chunk, n - start)
             last = c == len(starts) - 1
-            if T == chunk and cache.calibrated.all():  # a full chunk: graph replay, ids and position copied in
+            if T == chunk:  # a full chunk (a calibrating first one too): graph replay, ids and position copied in
                 self.tok[:T].copy_to_device(tok_dev[start:start + T], stream=s)
                 self.pos.copy_to_device(pos_dev[c:c + 1], stream=s)
                 self._graphed_step(T, cache, None)
                 out = self._head(T, False) if last else None
-            else:  # a layer's first chunk (it fixes the 4-bit scales) or a short last one
+            else:  # a short last chunk
                 out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
                                  pos=pos_dev[c:c + 1], head="logits" if last else None)
             ev = cuda.event(timing=False)
@@ -280,16 +300,18 @@ class CUDABackend:
         of this backend (T, head, KV formats) runs eagerly, because it compiles kernel variants;
         after that a cache captures the pass on first use and replays it. -> the logits buffer,
         or None."""
-        if self._graph_cache is not cache:
-            self._graph_cache, self._graphs = cache, {}
-        key = (T, head)
-        compiled = (T, head, tuple(cache.table.layers))
+        if self._graph_arena is not cache.arena:
+            self._graph_arena, self._graphs = cache.arena, {}
+        calib = tuple(cache.calibrated)  # a pass over uncalibrated layers also fixes their scales
+        key = (T, head, calib)
+        compiled = (T, head, calib, tuple(cache.table.layers))
         if not self.graphs or compiled not in self._compiled:
             self._compiled.add(compiled)
             return self._step(T, None, cache, False, head=head)
         if key not in self._graphs:
             self._graphs[key] = CapturedGraph(self.stream, lambda: self._step(T, None, cache, False, head=head))
         self._graphs[key].launch()
+        cache.calibrated[:] = True  # what the captured pass did to uncalibrated layers
         return self.logits if head else None
 
     # -- the pass -----------------------------------------------------------------------------------
@@ -323,7 +345,8 @@ class CUDABackend:
                 L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, s)
                 cache.calibrated[i] = True
             post_qkv(True)
-            at, plan_len = (pos, cache.max_tokens) if pos0 is None else (pos0, None)
+            # graphs plan attention for the arena's capacity: every cache that replays them fits it
+            at, plan_len = (pos, cache.max_pages * cache.page_tokens) if pos0 is None else (pos0, None)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)

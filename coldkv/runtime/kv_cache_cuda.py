@@ -7,6 +7,8 @@ extend / trim, sizes); what differs:
     the free list as tokens arrive and returned by trim, so the block table is a real indirection;
   - the block table lives in pinned host memory and is copied to the device (`sync`) after
     extend / trim changed it; the second-level scales are computed and kept on the device.
+  - that memory is a DeviceKVArena, which the CUDA backend hands to the next cache of the same
+    table and size once this one is gone, so the graphs captured on its addresses stay valid.
 The backend writes and reads the pages with its kernels; `to_host()` copies everything back into
 a host PagedKVCache (tests, analysis).
 """
@@ -28,28 +30,67 @@ class DevicePool(Pool):
             raise PlanError(f"device KV pool ({self.fmt}) is out of pages")
 
 
-class DevicePagedKVCache(PagedKVCache):
-    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int = 64):
-        super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
-        host = self.block_table
-        self.block_table = cuda.pinned_array(host.shape, np.int32)  # [layer, K/V, head, page]
-        self.block_table[:] = host
-        self.table_dev = cuda.to_device(self.block_table)
-        self.gscale_dev = cuda.to_device(self.gscale)  # [layer, K/V, head] f32, written by kernels
+def _device_zeros(shape, dtype):
+    d = cuda.device_array(shape, dtype)
+    if d.nbytes:
+        device_memset(d, 0, d.nbytes)
+    return d
+
+
+class DeviceKVArena:
+    """The device memory of a DevicePagedKVCache: every pool at capacity, the block table (pinned
+    host copy and device copy) and the second-level scales. The CUDA backend keeps the last arena
+    and gives it to the next cache of the same shape once the previous cache is gone, so the CUDA
+    graphs captured on these addresses are replayed instead of captured again (~10-20 ms of
+    Python per new cache)."""
+
+    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int):
+        self.key = arena_key(table, n_kv_heads, head_dim, max_pages, page_tokens)
+        cap, n = n_kv_heads * max_pages, table.n_layers
+        self.pools = []  # per layer: ((K codes, K scales), (V codes, V scales)), [cap pages, page_tokens, cols]
+        for kv in table.layers:
+            planes = []
+            for f in kv:
+                codes, scales = pool_arrays(f, 1, page_tokens, head_dim)  # one page: dtypes, shapes
+                planes.append((_device_zeros((cap,) + codes.shape[1:], codes.dtype),
+                               _device_zeros((cap,) + scales.shape[1:], scales.dtype)))
+            self.pools.append(tuple(planes))
+        self.block_table = cuda.pinned_array((n, 2, n_kv_heads, max_pages), np.int32)  # [layer, K/V, head, page]
+        self.table_dev = cuda.device_array(self.block_table.shape, np.int32)
+        self.gscale_dev = cuda.device_array((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head], kernels write it
         # [layer, K/V] 1 where the plane's format has a second-level scale to calibrate
         self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
-        self._dirty = False
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + 2 * self.table_dev.nbytes
+
+
+def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int) -> tuple:
+    return tuple(tuple(kv) for kv in table.layers), n_kv_heads, head_dim, max_pages, page_tokens
+
+
+class DevicePagedKVCache(PagedKVCache):
+    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int = 64,
+                 arena: DeviceKVArena | None = None):
+        """arena: device memory to reuse (a cache of the same shape that is gone; its pages are
+        stale and are only read after this cache writes them); None or another shape: a new one."""
+        max_pages = -(-max_tokens // page_tokens)
+        if arena is None or arena.key != arena_key(table, n_kv_heads, head_dim, max_pages, page_tokens):
+            arena = DeviceKVArena(table, n_kv_heads, head_dim, max_pages, page_tokens)
+        self.arena = arena
+        self._planes = iter(plane for layer in arena.pools for plane in layer)
+        super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
+        del self._planes
+        arena.block_table[:] = self.block_table
+        self.block_table = arena.block_table
+        self.table_dev, self.gscale_dev, self.two_level_dev = arena.table_dev, arena.gscale_dev, arena.two_level_dev
+        # uploaded in stream order by the first sync(): a reused arena may still be read by work queued before
+        self._dirty = self._fresh_scales = True
 
     def _new_pool(self, fmt: str) -> DevicePool:
-        cap = self.n_kv_heads * self.max_pages
-        codes, scales = pool_arrays(fmt, 1, self.page_tokens, self.head_dim)  # one page: dtypes, shapes
-        dev = []
-        for a in (codes, scales):
-            d = cuda.device_array((cap,) + a.shape[1:], a.dtype)
-            if d.nbytes:
-                device_memset(d, 0, d.nbytes)
-            dev.append(d)
-        return DevicePool(fmt, dev[0], dev[1], list(range(cap - 1, -1, -1)))
+        codes, scales = next(self._planes)
+        return DevicePool(fmt, codes, scales, list(range(codes.shape[0] - 1, -1, -1)))
 
     def extend(self, n: int) -> int:
         pages_before = -(-self.length // self.page_tokens)
@@ -67,6 +108,9 @@ class DevicePagedKVCache(PagedKVCache):
         if self._dirty:
             self.table_dev.copy_to_device(self.block_table, stream=stream)
             self._dirty = False
+        if self._fresh_scales:
+            self.gscale_dev.copy_to_device(self.gscale, stream=stream)
+            self._fresh_scales = False
 
     def write(self, *args, **kwargs):
         raise TypeError("a device KV cache is written by the CUDA backend's kernels")
@@ -79,7 +123,7 @@ class DevicePagedKVCache(PagedKVCache):
         host = PagedKVCache(self.table, self.n_kv_heads, self.head_dim, self.max_tokens, self.page_tokens)
         host.length = self.length
         host.block_table[:] = self.block_table
-        host.gscale[:] = self.gscale_dev.copy_to_host()
+        host.gscale[:] = self.gscale if self._fresh_scales else self.gscale_dev.copy_to_host()
         host.calibrated[:] = self.calibrated
         for pools, dev in zip(host.pools, self.pools):
             for pool, d in zip(pools, dev):

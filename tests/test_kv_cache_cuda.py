@@ -1,0 +1,43 @@
+"""The device KV cache's arena: a new cache of the same shape reuses a gone cache's device memory
+(so the CUDA backend's captured graphs stay valid) and starts as empty as a fresh one. Runs on the
+GPU or under the simulator."""
+import numpy as np
+
+from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache
+from coldkv.runtime.kv_table import resolve_table
+
+H, D, P = 2, 64, 16
+
+
+def _planes(cache):
+    return [a for kv in cache.pools for pool in kv for a in (pool.codes, pool.scales)]
+
+
+def test_reused_arena_starts_empty():
+    table = resolve_table("nvfp4", 2)
+    old = DevicePagedKVCache(table, H, D, 100, P)
+    old.extend(70)
+    old.sync(0)
+    old.gscale_dev.copy_to_device(np.full(old.gscale.shape, 7.0, np.float32))  # what calibration leaves
+    arena = old.arena
+    del old
+
+    new = DevicePagedKVCache(table, H, D, 97, P, arena)  # same page count: reused
+    fresh = DevicePagedKVCache(table, H, D, 97, P)
+    assert new.arena is arena and fresh.arena is not arena
+    assert all(a is b for a, b in zip(_planes(new), [x for kv in arena.pools for plane in kv for x in plane]))
+    for c in (new, fresh):
+        assert c.length == 0 and (c.block_table == -1).all() and not c.calibrated.any()
+        c.extend(40)
+        c.sync(0)
+    np.testing.assert_array_equal(new.table_dev.copy_to_host(), fresh.table_dev.copy_to_host())
+    np.testing.assert_array_equal(new.gscale_dev.copy_to_host(), np.ones_like(new.gscale))  # not the stale 7s
+    assert new.max_tokens == 97 and new.reserved_nbytes == fresh.reserved_nbytes
+
+
+def test_other_shape_gets_a_new_arena():
+    table = resolve_table("bf16", 2)
+    a = DevicePagedKVCache(table, H, D, 64, P).arena
+    assert DevicePagedKVCache(table, H, D, 65, P, a).arena is not a  # one page more
+    assert DevicePagedKVCache(resolve_table("int8", 2), H, D, 64, P, a).arena is not a
+    assert DevicePagedKVCache(table, H, D, 64, P, a).arena is a
