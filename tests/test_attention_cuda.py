@@ -531,29 +531,30 @@ def test_fa_prefill_unsplit_writes_the_output(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kname,vname", [("bf16", "bf16"), ("nvfp4", "int8")])
-def test_gpu_fa_prefill_unsplit_equals_split(monkeypatch, kname, vname):
-    """A chunk whose grid fills the GPU runs unsplit (plan_prefill with the kernel's resident
-    blocks) and writes its output directly; it equals the same chunk split 4 ways and merged
-    by the reduce (which the other tests check against the reference), up to the order of the fp32 sums."""
-    kf, vf, G, H, D, P, T, L = FMTS[kname], FMTS[vname], 2, 4, 128, 64, 4096, 6000
+def test_gpu_fa_prefill_unsplit_and_split_match_reference(monkeypatch, kname, vname):
+    """A chunk whose grid fills the GPU (2304 tokens x 8 kv heads of G 2: 576 blocks) runs unsplit
+    (plan_prefill with the kernel's resident blocks) and writes its output directly; it and the
+    same chunk split 4 ways and merged by the reduce are both within the kernel's bound of the
+    reference. (They differ from each other by more than fp32 order: each split rescales its
+    own running maximum, so the p rounded to 16 bits for the PV product differ.)"""
+    kf, vf, G, H, D, P, T, L = FMTS[kname], FMTS[vname], 2, 8, 128, 64, 2304, 3000
     pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 31)
     (kc, ks), (vc, vs) = pools
     dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
-    q = cuda.to_device(np.random.default_rng(32).standard_normal((T, G * H, D)).astype(np.float32))
+    q = np.random.default_rng(32).standard_normal((T, G * H, D)).astype(np.float32)
     ws = A.AttentionWorkspace(4, T, G * H, D)
-    outs = []
+    sm = 1 / math.sqrt(D)
+    refs = references(q, kd, vd, L - T, sm, kf, vf, "mma")
     for forced in (None, 4):
         with monkeypatch.context() as mp:
-            if forced:
-                _force_prefill_splits(mp, forced)
-            else:
+            seen = _force_prefill_splits(mp, forced) if forced else []
+            if not forced:
                 _no_reduce(mp)
             out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
-            A.paged_attention_cuda(q, out, L - T, 1 / math.sqrt(D), kf, dev[0], dev[1], vf, dev[2], dev[3],
+            A.paged_attention_cuda(cuda.to_device(q), out, L - T, sm, kf, dev[0], dev[1], vf, dev[2], dev[3],
                                    dev[4], dev[5], ws, check_cold=False, kernel="mma")
-            outs.append(out.copy_to_host())
-    assert np.isfinite(outs[0]).all()
-    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5 * np.abs(outs[1]).max())
+            check(out.copy_to_host(), *refs)
+            assert seen == ([4] if forced else [])
 
 
 @pytest.mark.gpu
