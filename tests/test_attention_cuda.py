@@ -520,6 +520,36 @@ def _no_reduce(monkeypatch):
     monkeypatch.setattr(A, "_reduce", fail)
 
 
+@pytest.mark.parametrize("kname,vname,devpos", [("nvfp4", "iso3", False)] + [
+    pytest.param(*c, marks=SIM_SLOW) for c in [("iso3", "bf16", True), ("int8", "nvfp4", False)]])
+def test_fa_predecoded_planes_equal_decoding(monkeypatch, kname, vname, devpos):
+    """nvfp4/iso3 planes decoded once into a scratch (launch_predecode) and copied into the fa
+    kernel's shared tiles like bf16 rows: bitwise the output of the kernel that decodes every
+    tile itself, an unallocated page included; the scratch starts NaN, so a row read before it
+    was written would show."""
+    kf, vf, G, H, D, P, L, T = FMTS[kname], FMTS[vname], 2, 1, 64, 16, 40, 6
+    _force_prefill_splits(monkeypatch, 2)  # few simulated blocks
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 41)
+    table = table.copy()
+    table[0, 0, 1] = -1  # a lost K page: its keys are masked in both builds
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(x) for x in (kc, ks, vc, vs, gscale, table)]
+    q = cuda.to_device(np.random.default_rng(42).standard_normal((T, G * H, D)).astype(np.float32))
+    pos = cuda.to_device(np.array([L - T], np.int32)) if devpos else L - T
+    outs = []
+    for pre in (False, True):
+        scratch = tuple(cuda.to_device(np.full(c.shape[0] * P * D // 2, 0x7E007E00, np.uint32)) for c in (kc, vc))
+        out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+        A.paged_attention_cuda(q, out, pos, 1 / math.sqrt(D), kf, dev[0], dev[1], vf, dev[2], dev[3], dev[4], dev[5],
+                               A.AttentionWorkspace(16, T, G * H, D), check_cold=False, plan_len=L + 8,
+                               kernel="mma", mma_prefill="fa", prefill_scratch=scratch if pre else None)
+        outs.append(out.copy_to_host())
+        written = [bool((x.copy_to_host() != 0x7E007E00).any()) for x in scratch]
+        assert written == [pre and kf in (Q.NVFP4, Q.ISO3), pre and vf in (Q.NVFP4, Q.ISO3)]
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_fa_prefill_unsplit_writes_the_output(monkeypatch):
     """One split: the fa kernel normalizes and writes `out` itself (no reduce kernel); every
     output element is written (out starts NaN) and equals the reference."""

@@ -683,7 +683,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None, mma_pipe=None):
+                         mma_warps=None, mma_pipe=None, prefill_scratch=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -708,7 +708,12 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_mtiles (m-tiles per warp of "rows") / mma_warps: tuning knobs of the benchmark
-    (attention_mma.get_kernel / attention_prefill.get_prefill_kernel)."""
+    (attention_mma.get_kernel / attention_prefill.get_prefill_kernel).
+
+    prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
+    the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
+    (attention_prefill.launch_predecode) and the kernel copies their 16-bit rows like bf16 ones,
+    instead of every query block decoding every tile (bitwise the same output)."""
     T, Hq, D = q.shape
     H = table.shape[1]
     G = Hq // H
@@ -740,8 +745,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 
         smem = {"smem": True, "fa": "fa"}.get(prefill, False)
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
+        pre = (False, False)
+        if smem == "fa" and prefill_scratch is not None:
+            pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
-                                                    smem, mma_warps)
+                                                    smem, mma_warps, pre=pre)
         threads = 32 * mma_warps if smem else THREADS
         # only "fa" writes the final output itself when unsplit; the others always merge
         resident = _resident_blocks(kern, attention_prefill.kernel_sig(k_fmt, v_fmt, devpos), threads) \
@@ -754,8 +762,20 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             ws_acc = out.reshape(1, T, Hq, D)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
-        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
-                                                _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
+        kw, vw = _flat(k_codes, np.uint32), _flat(v_codes, np.uint32)
+        if pre != (False, False):
+            if (pre[0] and prefill_scratch[0].size < k_codes.shape[0] * P * D // 2) or \
+                    (pre[1] and prefill_scratch[1].size < v_codes.shape[0] * P * D // 2):
+                raise ValueError("attention_cuda: prefill_scratch holds fewer than pool rows x head_dim / 2 words")
+            if pre[0]:
+                attention_prefill.launch_predecode(k_fmt, D, pos0, T, L_max, P, kw, ksc, table, 0, prefill_scratch[0],
+                                                   stream)
+                kw = prefill_scratch[0]
+            if pre[1]:
+                attention_prefill.launch_predecode(v_fmt, D, pos0, T, L_max, P, vw, vsc, table, 1, prefill_scratch[1],
+                                                   stream)
+                vw = prefill_scratch[1]
+        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, kw, ksc, vw, vsc, gscale, table, ws_acc, ws_ml)
         if not direct:
             _reduce(ws_acc, ws_ml, splits, out, stream)
         return out

@@ -760,7 +760,8 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
     return attn_mma_smem
 
 
-def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None):
+def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
+                      pre: tuple = (False, False)):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -772,7 +773,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     V transposed as the B operand of O += P V. Q stays in registers; P is the S accumulator
     re-packed (FA2); online softmax per row as in the other kernels; only tiles that reach past a
     warp's first query position (the diagonal), past the split's end, or a block with unallocated
-    pages in its range are masked."""
+    pages in its range are masked.
+
+    pre (K, V): that 4-bit plane comes pre-decoded (`launch_predecode`: the fp16 shared rows,
+    already multiplied by their E4M3 scales, in a [pool rows, D / 2] uint32 scratch), so its
+    tiles are brought in by cp.async like bf16 ones and no block decodes them: the shared tiles,
+    hence the outputs, are bitwise those of the decoding build."""
+    if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
+        raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     NS = D // 16
     NC = D // 8  # 16-byte chunks (8 dims) of a shared row
     RS = D // 2  # u32 words of a shared row
@@ -788,7 +796,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     BUFW = CHB * RS
     SBW, SCH = 2 * BUFW, 2 * CHB  # shared array sizes (literal shapes)
     SIM = SIMULATED
-    RWK, RWV = D // _VPW[kf], D // _VPW[vf]
+    RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     mma_k = mma_bf16 if kf == BF16 else mma_f16
@@ -801,8 +809,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
 
-    def plane_ops(fmt, RW):
+    def plane_ops(fmt, RW, pre_decoded):
         dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
+        copy = fmt == BF16 or pre_decoded  # 16-bit rows: straight into shared memory
 
         @cuda.jit(device=True, inline=True)
         def issue(words, scales, sarr, base, rows, creg, crs, c, key0, allok):
@@ -814,7 +823,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 ok = allok or r >= 0
                 rr = r if ok else i64(0)
                 key = key0 + KPI * j
-                if fmt == BF16:
+                if copy:
                     cp_async16_zfill(sarr, base + key * RS + 4 * (c ^ (key & 7)), words, IX(rr * RW + 4 * c),
                                16 if ok else 0)
                 elif fmt == INT8:
@@ -832,8 +841,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         @cuda.jit(device=True, inline=True)
         def commit(sarr, base, creg, c, key0):
-            """Decode the registers of `issue` into sarr (bf16: nothing, cp.async wrote it)."""
-            if fmt != BF16:
+            """Decode the registers of `issue` into sarr (bf16, pre-decoded: nothing, cp.async wrote it)."""
+            if not copy:
                 for j in range(NIT):
                     key = key0 + KPI * j
                     if fmt == INT8:
@@ -857,8 +866,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         return issue, commit
 
-    issue_k, commit_k = plane_ops(kf, RWK)
-    issue_v, commit_v = plane_ops(vf, RWV)
+    issue_k, commit_k = plane_ops(kf, RWK, pre[0])
+    issue_v, commit_v = plane_ops(vf, RWV, pre[1])
 
     @cuda.jit(device=True, inline=True)
     def item_rows(table, h, P, fastp, k0, ke, ipg, ioff, key0, rk, rv, okb):
@@ -1221,6 +1230,63 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     return attn_mma_fa
 
 
+def _build_predecode(fmt: int, D: int, devpos: bool):
+    """Decode one 4-bit plane of a layer's pages, keys 0..pos0 + T - 1 of every kv head, into the
+    fa kernel's 16-bit shared-row form (`_build_prefill_fa`, pre=...): out row r (the pool row, so
+    the block table still applies) = D / 2 uint32 words, 8-dim chunk c at words 4c..4c+3 in the
+    decoder's pair order, times the E4M3 group scale, by the same instructions as the kernel's
+    own per-block decode. One thread per (kv head, key, chunk); the grid covers `L_plan` keys
+    per head (a device-position launch: the cache's capacity); threads past pos0 + T or on an
+    unallocated page do nothing."""
+    NC, RW, SW, RS = D // 8, D // _VPW[fmt], D // 64, D // 2
+    dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
+    read_pos = _pos_dev if devpos else _pos_int
+    IX = np.uint64
+
+    @cuda.jit
+    def predecode(pos, T, L_plan, P, words, scales, table, plane, out):
+        i = cuda.grid(1)
+        c = i % NC
+        rest = i // NC
+        key = rest % L_plan
+        h = rest // L_plan
+        if h >= table.shape[1] or key >= read_pos(pos) + T:
+            return
+        e = table[plane, h, key // P]
+        if e < 0:
+            return
+        r = np.int64(e) * P + key % P
+        x = words[IX(r * RW + c)]
+        sw = scales[IX(r * SW + (c >> 3))]
+        bsh = np.uint32((c >> 1) & 3)
+        sp = e4m3x2(sw, sw, bsh | (bsh << 4))
+        z0, z1, z2, z3 = dec8(x)
+        o = IX(r * RS + 4 * c)
+        out[o] = mul_f16x2(z0, sp)
+        out[o + IX(1)] = mul_f16x2(z1, sp)
+        out[o + IX(2)] = mul_f16x2(z2, sp)
+        out[o + IX(3)] = mul_f16x2(z3, sp)
+
+    return predecode
+
+
+_PREDECODE: dict = {}
+PREDECODE_THREADS = 256
+
+
+def launch_predecode(fmt: int, D: int, pos0, T: int, L_plan: int, P: int, words, scales, table, plane: int,
+                     out, stream=0) -> None:
+    """Enqueue `_build_predecode`'s kernel for plane (0 K, 1 V) of a layer into `out` (flat uint32,
+    >= pool rows x D / 2). pos0: an int, or the int32[1] device position."""
+    devpos = not isinstance(pos0, (int, np.integer))
+    key = (int(fmt), int(D), devpos)
+    if key not in _PREDECODE:
+        _PREDECODE[key] = _build_predecode(*key)
+    n = table.shape[1] * L_plan * (D // 8)
+    _PREDECODE[key][-(-n // PREDECODE_THREADS), PREDECODE_THREADS, stream](pos0, T, L_plan, P, words, scales,
+                                                                           table, plane, out)
+
+
 def prefill_tokens_per_block(G: int, mt: int = 1) -> int:
     return NWARPS * mt * (16 // G)
 
@@ -1229,21 +1295,23 @@ _PREFILL: dict = {}
 
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None,
-                       smem: bool = False, warps: int = 4, chb: int = 0):
+                       smem: bool = False, warps: int = 4, chb: int = 0, pre: tuple = (False, False)):
     """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
     `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys), or
     smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles). The "smem" and "fa"
-    kernels have the same launch (grid, 32 `warps` threads)."""
+    kernels have the same launch (grid, 32 `warps` threads). pre: "fa" with pre-decoded 4-bit
+    K / V planes (`launch_predecode`)."""
     if smem != "fa":
         smem = bool(smem)
     if smem == "fa":
         mt = 1
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb))
+    pre = (bool(pre[0]), bool(pre[1])) if smem == "fa" else (False, False)
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb), pre)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         if smem == "fa":
-            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers)
+            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre)
         elif smem:
             _PREFILL[key] = _build_prefill_smem(kf, vf, G, D, devpos, warps, chb, max_registers)
         else:
@@ -1272,7 +1340,14 @@ def _ptx_signatures():
             (get_prefill_kernel(BF16, INT8, 1, 64, smem="fa"), kernel_sig(BF16, INT8)),
             (get_prefill_kernel(ISO3, BF16, 8, 128, True, smem="fa"), kernel_sig(ISO3, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, smem="fa", warps=8), kernel_sig(NVFP4, NVFP4)),
-            (get_prefill_kernel(BF16, BF16, 4, 128, smem="fa", warps=8), kernel_sig(BF16, BF16))]
+            (get_prefill_kernel(BF16, BF16, 4, 128, smem="fa", warps=8), kernel_sig(BF16, BF16)),
+            (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, smem="fa", pre=(True, True)), kernel_sig(NVFP4, ISO3, True)),
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, smem="fa", pre=(False, True)), kernel_sig(INT8, NVFP4))]
+    for fmt in (NVFP4, ISO3):
+        for devpos in (False, True):
+            out.append((_build_predecode(fmt, 128, devpos),
+                        f"void({'int32[::1]' if devpos else 'int64'}, int64, int64, int64, uint32[::1], uint32[::1], "
+                        "int32[:,:,::1], int64, uint32[::1])"))
     return out
 
 

@@ -348,7 +348,8 @@ class CUDABackend:
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
             at, plan_len = (pos, cache.max_pages * cache.page_tokens) if pos0 is None else (pos0, None)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
-                                 vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len)
+                                 vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
+                                 prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
             gemm(o16, lw.wo, x, accumulate=True)
             if lw.bo is not None:

@@ -60,10 +60,16 @@ class DeviceKVArena:
         self.gscale_dev = cuda.device_array((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head], kernels write it
         # [layer, K/V] 1 where the plane's format has a second-level scale to calibrate
         self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
+        # (K, V) the 4-bit planes of one layer decoded to 16-bit rows for prefill attention, shared by
+        # the layers in turn: [pool rows * head_dim / 2] uint32, empty where no layer has a 4-bit plane
+        self.prefill_scratch = tuple(
+            cuda.device_array(cap * page_tokens * head_dim // 2 * any(kv[i] in TWO_LEVEL for kv in table.layers),
+                              np.uint32) for i in (0, 1))
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + 2 * self.table_dev.nbytes
+        return (sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + 2 * self.table_dev.nbytes
+                + sum(a.nbytes for a in self.prefill_scratch))
 
 
 def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int) -> tuple:
@@ -135,11 +141,14 @@ class DevicePagedKVCache(PagedKVCache):
 
 
 def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> int:
-    """Bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity + its table)."""
+    """Bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity, its table, and the
+    16-bit prefill scratch of one layer's 4-bit planes)."""
     max_pages = -(-max_tokens // page_tokens)
     total = 0
     for kv in table.layers:
         for f in kv:
             codes, scales = pool_arrays(f, 1, page_tokens, head_dim)
             total += (codes.nbytes + scales.nbytes) * n_kv_heads * max_pages
-    return total + table.n_layers * 2 * n_kv_heads * max_pages * 4
+    four_bit_planes = sum(any(kv[i] in TWO_LEVEL for kv in table.layers) for i in (0, 1))
+    scratch = four_bit_planes * n_kv_heads * max_pages * page_tokens * head_dim * 2
+    return total + table.n_layers * 2 * n_kv_heads * max_pages * 4 + scratch
