@@ -3,7 +3,7 @@
 GPU or under the simulator."""
 import numpy as np
 
-from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache
+from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache, device_kv_nbytes
 from coldkv.runtime.kv_table import resolve_table
 
 H, D, P = 2, 64, 16
@@ -41,3 +41,13 @@ def test_other_shape_gets_a_new_arena():
     assert DevicePagedKVCache(table, H, D, 65, P, a).arena is not a  # one page more
     assert DevicePagedKVCache(resolve_table("int8", 2), H, D, 64, P, a).arena is not a
     assert DevicePagedKVCache(table, H, D, 64, P, a).arena is a
+
+
+def test_arena_bytes_are_what_check_memory_counts():
+    """device_kv_nbytes (what check_memory asks for) == the arena's device arrays, the 16-bit
+    prefill scratch of 4-bit tables included (none for bf16 / int8)."""
+    for name, scratch in (("nvfp4", True), ("bf16", False), ("int8", False), ("default", True)):
+        table = resolve_table(name, 3)
+        a = DevicePagedKVCache(table, H, D, 100, P).arena
+        assert a.nbytes == device_kv_nbytes(table, H, D, 100, P), name
+        assert (sum(x.size for x in a.prefill_scratch) > 0) == scratch, name

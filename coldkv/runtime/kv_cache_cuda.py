@@ -68,8 +68,10 @@ class DeviceKVArena:
 
     @property
     def nbytes(self) -> int:
-        return (sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + 2 * self.table_dev.nbytes
-                + sum(a.nbytes for a in self.prefill_scratch))
+        """Device bytes (== device_kv_nbytes of its shape)."""
+        small = self.table_dev.nbytes + self.gscale_dev.nbytes + self.two_level_dev.nbytes
+        return sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + small + \
+            sum(a.nbytes for a in self.prefill_scratch)
 
 
 def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int) -> tuple:
@@ -141,8 +143,8 @@ class DevicePagedKVCache(PagedKVCache):
 
 
 def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> int:
-    """Bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity, its table, and the
-    16-bit prefill scratch of one layer's 4-bit planes)."""
+    """Device bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity, its table
+    and scales, and the 16-bit prefill scratch of one layer's 4-bit planes)."""
     max_pages = -(-max_tokens // page_tokens)
     total = 0
     for kv in table.layers:
@@ -151,4 +153,5 @@ def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens:
             total += (codes.nbytes + scales.nbytes) * n_kv_heads * max_pages
     four_bit_planes = sum(any(kv[i] in TWO_LEVEL for kv in table.layers) for i in (0, 1))
     scratch = four_bit_planes * n_kv_heads * max_pages * page_tokens * head_dim * 2
-    return total + table.n_layers * 2 * n_kv_heads * max_pages * 4 + scratch
+    small = table.n_layers * 2 * (n_kv_heads * max_pages * 4 + n_kv_heads * 4 + 4)  # table, gscale, two_level
+    return total + small + scratch
