@@ -763,20 +763,16 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             ws_acc = out.reshape(1, T, Hq, D)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
-        kw, vw = _flat(k_codes, np.uint32), _flat(v_codes, np.uint32)
-        if pre != (False, False):
-            if (pre[0] and prefill_scratch[0].size < k_codes.shape[0] * P * D // 2) or \
-                    (pre[1] and prefill_scratch[1].size < v_codes.shape[0] * P * D // 2):
-                raise ValueError("attention_cuda: prefill_scratch holds fewer than pool rows x head_dim / 2 words")
-            if pre[0]:
-                attention_prefill.launch_predecode(k_fmt, D, pos0, T, L_max, P, kw, ksc, table, 0, prefill_scratch[0],
-                                                   stream)
-                kw = prefill_scratch[0]
-            if pre[1]:
-                attention_prefill.launch_predecode(v_fmt, D, pos0, T, L_max, P, vw, vsc, table, 1, prefill_scratch[1],
-                                                   stream)
-                vw = prefill_scratch[1]
-        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, kw, ksc, vw, vsc, gscale, table, ws_acc, ws_ml)
+        words = [_flat(k_codes, np.uint32), _flat(v_codes, np.uint32)]
+        for plane, (fmt, codes, sc) in enumerate(((k_fmt, k_codes, ksc), (v_fmt, v_codes, vsc))):
+            if pre[plane]:  # decoded once here, copied by the kernel
+                if prefill_scratch[plane].size < codes.shape[0] * P * D // 2:
+                    raise ValueError("attention_cuda: prefill_scratch holds fewer than pool rows x head_dim / 2 words")
+                attention_prefill.launch_predecode(fmt, D, pos0, T, L_max, P, words[plane], sc, table, plane,
+                                                   prefill_scratch[plane], stream)
+                words[plane] = prefill_scratch[plane]
+        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale, table,
+                                                ws_acc, ws_ml)
         if not direct:
             _reduce(ws_acc, ws_ml, splits, out, stream)
         return out

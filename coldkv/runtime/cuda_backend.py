@@ -27,6 +27,7 @@ from numba import cuda
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda
+from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
 from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
@@ -58,7 +59,7 @@ def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
     hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
     per_token = (4 * a.hidden_size + 2 * a.hidden_size + 2 * nq * hd + 4 * (nq + 2 * nkv) * hd + 8 * nq * hd
                  + 8 * nkv * hd + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
-    tokens_per_block = 4 * (16 // max(1, nq // nkv))
+    tokens_per_block = prefill_tokens_per_block(max(1, nq // nkv))
     T = MIN_CHUNK
     while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and 2 * T * per_token <= CHUNK_BUFFER_BYTES:
         T *= 2
@@ -168,10 +169,10 @@ class CUDABackend:
         cache is reused when that cache is gone and had the same table and page count."""
         a = self.args
         self._ensure_rope(max_tokens)
-        reuse = self._arena if self._arena_user() is None else None
-        if reuse is not None and reuse.key != arena_key(table, a.num_key_value_heads, a.head_dim,
-                                                        -(-max_tokens // self.page_tokens), self.page_tokens):
-            reuse = self._arena = self._graph_arena = None  # free it before allocating another
+        held, same = self._held_arena(table, max_tokens)
+        reuse = held if same else None
+        if held is not None and not same:
+            self._arena = self._graph_arena = None  # free it before allocating another
             self._graphs = {}
         if reuse is not None:
             self.stream.synchronize()  # nothing queued may still read it
@@ -179,15 +180,22 @@ class CUDABackend:
         self._arena, self._arena_user = cache.arena, weakref.ref(cache)
         return cache
 
+    def _held_arena(self, table: KVTable, max_tokens: int) -> tuple[DeviceKVArena | None, bool]:
+        """(the kept arena if its cache is gone, else None; whether a cache of this table and size
+        can reuse it)."""
+        held = self._arena if self._arena_user() is None else None
+        a = self.args
+        same = held is not None and held.key == arena_key(table, a.num_key_value_heads, a.head_dim, max_tokens,
+                                                          self.page_tokens)
+        return held, same
+
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a = self.args
         need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
         free, total = cuda.current_context().get_memory_info()
-        held = self._arena if self._arena_user() is None else None  # new_cache reuses or frees it
+        held, same = self._held_arena(table, max_tokens)  # new_cache reuses or frees it
         if held is not None:
-            key = arena_key(table, a.num_key_value_heads, a.head_dim, -(-max_tokens // self.page_tokens),
-                            self.page_tokens)
-            need, free = (0, free) if held.key == key else (need, free + held.nbytes)
+            need, free = (0, free) if same else (need, free + held.nbytes)
         need += max(0, max_tokens - self._rope_rows) * a.head_dim * 4  # cos + sin tables
         if need > free:
             raise PlanError(

@@ -45,7 +45,7 @@ class DeviceKVArena:
     Python per new cache)."""
 
     def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int):
-        self.key = arena_key(table, n_kv_heads, head_dim, max_pages, page_tokens)
+        self.key = arena_key(table, n_kv_heads, head_dim, max_pages * page_tokens, page_tokens)
         cap, n = n_kv_heads * max_pages, table.n_layers
         self.pools = []  # per layer: ((K codes, K scales), (V codes, V scales)), [cap pages, page_tokens, cols]
         for kv in table.layers:
@@ -62,9 +62,8 @@ class DeviceKVArena:
         self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
         # (K, V) the 4-bit planes of one layer decoded to 16-bit rows for prefill attention, shared by
         # the layers in turn: [pool rows * head_dim / 2] uint32, empty where no layer has a 4-bit plane
-        self.prefill_scratch = tuple(
-            cuda.device_array(cap * page_tokens * head_dim // 2 * any(kv[i] in TWO_LEVEL for kv in table.layers),
-                              np.uint32) for i in (0, 1))
+        self.prefill_scratch = tuple(cuda.device_array(cap * page_tokens * head_dim // 2 * four_bit, np.uint32)
+                                     for four_bit in four_bit_planes(table))
 
     @property
     def nbytes(self) -> int:
@@ -74,8 +73,14 @@ class DeviceKVArena:
             sum(a.nbytes for a in self.prefill_scratch)
 
 
-def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int) -> tuple:
-    return tuple(tuple(kv) for kv in table.layers), n_kv_heads, head_dim, max_pages, page_tokens
+def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> tuple:
+    """What must match for a cache to reuse an arena: the formats, heads, head_dim and page count."""
+    return tuple(tuple(kv) for kv in table.layers), n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens
+
+
+def four_bit_planes(table: KVTable) -> tuple[bool, bool]:
+    """(K, V): does some layer store that plane in a 4-bit format (nvfp4/iso3, the two-level ones)?"""
+    return tuple(any(kv[i] in TWO_LEVEL for kv in table.layers) for i in (0, 1))
 
 
 class DevicePagedKVCache(PagedKVCache):
@@ -83,9 +88,8 @@ class DevicePagedKVCache(PagedKVCache):
                  arena: DeviceKVArena | None = None):
         """arena: device memory to reuse (a cache of the same shape that is gone; its pages are
         stale and are only read after this cache writes them); None or another shape: a new one."""
-        max_pages = -(-max_tokens // page_tokens)
-        if arena is None or arena.key != arena_key(table, n_kv_heads, head_dim, max_pages, page_tokens):
-            arena = DeviceKVArena(table, n_kv_heads, head_dim, max_pages, page_tokens)
+        if arena is None or arena.key != arena_key(table, n_kv_heads, head_dim, max_tokens, page_tokens):
+            arena = DeviceKVArena(table, n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens)
         self.arena = arena
         self._planes = iter(plane for layer in arena.pools for plane in layer)
         super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
@@ -151,7 +155,6 @@ def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens:
         for f in kv:
             codes, scales = pool_arrays(f, 1, page_tokens, head_dim)
             total += (codes.nbytes + scales.nbytes) * n_kv_heads * max_pages
-    four_bit_planes = sum(any(kv[i] in TWO_LEVEL for kv in table.layers) for i in (0, 1))
-    scratch = four_bit_planes * n_kv_heads * max_pages * page_tokens * head_dim * 2
+    scratch = sum(four_bit_planes(table)) * n_kv_heads * max_pages * page_tokens * head_dim * 2
     small = table.n_layers * 2 * (n_kv_heads * max_pages * 4 + n_kv_heads * 4 + 4)  # table, gscale, two_level
     return total + small + scratch
