@@ -98,8 +98,12 @@ def test_kv_gscale_matches_host_calibration():
     kv = (rng.standard_normal((2, 5, 3, 64)) * np.array([1, 4, 0.01])[:, None]).astype(np.float32)
     T = 4  # a longer scratch than the chunk: rows past T must be ignored
     kv[:, T:] = 1e6
+    kv[0, 3, 2, 7] = 50.0  # head 2's max in the second slice
+    kv[0, 1, 1, 5] = np.nan  # a non-finite value: g = 1, as global_scale_for(nan) on the host
     g = cuda.to_device(np.zeros((2, 3), np.float32))
-    L.launch_kv_gscale(cuda.to_device(kv), T, cuda.to_device(np.array([1, 0], np.int32)), g, S)
+    part = cuda.to_device(np.full((2, 3, 3), np.nan, np.float32))  # 3 slices: 2, 2 and 0 rows
+    L.launch_kv_gscale(cuda.to_device(kv), T, cuda.to_device(np.array([1, 0], np.int32)), g, part, S)
     want = np.ones((2, 3), np.float32)
     want[0] = [global_scale_for(4.0 * float(np.abs(kv[0, :T, h]).max())) for h in range(3)]
+    assert want[0, 1] == 1.0 and want[0, 2] == global_scale_for(200.0)
     np.testing.assert_array_equal(g.copy_to_host(), want)

@@ -138,6 +138,7 @@ class CUDABackend:
         self.q = dev((T, nq, hd), f32)
         self.o = dev((T, nq, hd), f32)
         self.kv = dev((2, T, nkv, hd), f32)  # K/V of a layer's first chunk: the 4-bit scales' amax
+        self.kv_amax = dev((2, nkv, L.GSCALE_SLICES), f32)  # its maxima per token slice
         self.gu = dev((T, 2 * a.intermediate_size), f32)
         self.act16 = dev((T, a.intermediate_size), u16)
         self.logits = dev((1, a.vocab_size), f32)
@@ -350,7 +351,7 @@ class CUDABackend:
 
             if not cache.calibrated[i]:  # the layer's first chunk: fp32 K/V fix the 4-bit scales first
                 post_qkv(False)
-                L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, s)
+                L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, self.kv_amax, s)
                 cache.calibrated[i] = True
             post_qkv(True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
