@@ -7,7 +7,8 @@ compile and once to capture its graphs; then (new caches of the same size reuse 
 memory and replay the graphs) once timed plainly and once under torch.profiler, which records every kernel of the
 process (Numba's, cuBLAS's) through CUPTI. Writes the wall time, the summed GPU time per kernel
 name (top --top), the GPU-busy total and wall - busy (time the GPU waited on the host: eager
-chunks, graph capture and instantiation, the logits copy).
+chunks, graph capture and instantiation, the logits copy). --host adds one run under cProfile:
+the host functions with the most own time (what an eager chunk's ~90 launches cost in Python).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32768)
     ap.add_argument("--table", default="bf16")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--host", action="store_true", help="also profile one run's host time (cProfile)")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefill_profile.json")
     a = ap.parse_args()
@@ -84,6 +86,17 @@ def main() -> None:
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
            "gpu_busy_ms": round(merged / 1e3, 2), "kernels": len(busy),
            "top": [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top]}
+    if a.host:
+        import cProfile
+        import pstats
+        pr = cProfile.Profile()
+        pr.enable()
+        run()
+        pr.disable()
+        st = pstats.Stats(pr).stats  # {(file, line, name): (calls, ncalls, own s, cumulative s, callers)}
+        rows = sorted(st.items(), key=lambda kv: -kv[1][2])[:25]
+        out["host_top_own"] = [{"fn": f"{Path(f).name}:{ln}:{fn}", "calls": v[1], "own_ms": round(1e3 * v[2], 3),
+                                "cum_ms": round(1e3 * v[3], 3)} for (f, ln, fn), v in rows]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
