@@ -205,7 +205,8 @@ def test_prefill_graphs_equal_eager_and_match_forward(bundled):
     pages); == forward() per chunk within float noise (that path plans attention splits for each
     chunk's length, not the cache's, so sums are ordered differently). Progress is reported per
     chunk, in order, up to the prompt length. 591 tokens in chunks of 128: calibration chunk,
-    eager device-position chunk, capture, replay, a short last chunk."""
+    eager device-position chunk, capture, replay, a short last chunk (79 tokens padded to a
+    128-row pass: the full chunks' graph)."""
     d, tok, cpu, gpu, ref = bundled
     prompt = np.array(ref["seq"][:ref["n"]])
     eager = _cuda(d, graphs=False)
@@ -253,6 +254,36 @@ def test_new_cache_reuses_arena_and_graphs(bundled):
         assert arenas[2] is arenas[1] is arenas[0]
         if name == "nvfp4":  # its first chunk calibrates the scales: captured too
             assert any(not all(calib) for _, _, calib in gpu._graphs)
+
+
+def test_short_prompt_runs_a_padded_graph(bundled):
+    """A prompt shorter than a chunk runs as one pass of padded_rows(n) rows (token 0 after it):
+    three prefills of that size (compile or capture, then replay) are bit for bit alike; the logits match forward()'s unpadded pass within float noise, and decode steps
+    after it match too (the padding's K/V past the cache's length are never attended to)."""
+    from coldkv.runtime.cuda_backend import padded_rows
+
+    d, tok, cpu, gpu, ref = bundled
+    n, steps = 300, ref["seq"][300:306]
+    prompt = np.array(ref["seq"][:n])
+    for name in ("bf16", "nvfp4"):
+        table = resolve_table(name, cpu.args.num_hidden_layers)
+        want_cache = gpu.new_cache(table, n + len(steps))
+        want = [gpu.forward(prompt, want_cache)] + [gpu.forward(np.array([t]), want_cache) for t in steps]
+        del want_cache
+        runs = []
+        for _ in range(3):
+            cache = gpu.new_cache(table, n + len(steps))
+            runs.append([gpu.prefill(prompt, cache)] + [gpu.forward(np.array([t]), cache) for t in steps])
+            del cache
+        assert any(key[0] == padded_rows(n) and key[1] is None for key in gpu._graphs), name
+        np.testing.assert_array_equal(runs[1], runs[0])
+        np.testing.assert_array_equal(runs[2], runs[0])
+        got, want_ = np.stack(runs[0]), np.stack(want)
+        diff = _maxdiff(got, want_)
+        print(f"\n{name}: padded prefill vs unpadded forward: logits max-abs {diff:.3g}")
+        if name == "bf16":
+            assert diff <= 1e-3 * np.abs(want_).max()
+        assert np.array_equal(got.argmax(-1), want_.argmax(-1)), name
 
 
 def test_gpu_sampling_in_the_decode_graph(bundled):

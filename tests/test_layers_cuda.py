@@ -102,7 +102,8 @@ def test_kv_gscale_matches_host_calibration():
     kv[0, 1, 1, 5] = np.nan  # a non-finite value: g = 1, as global_scale_for(nan) on the host
     g = cuda.to_device(np.zeros((2, 3), np.float32))
     part = cuda.to_device(np.full((2, 3, 3), np.nan, np.float32))  # 3 slices: 2, 2 and 0 rows
-    L.launch_kv_gscale(cuda.to_device(kv), T, cuda.to_device(np.array([1, 0], np.int32)), g, part, S)
+    pos = cuda.to_device(np.array([7, T], np.int32))  # (first position, valid rows)
+    L.launch_kv_gscale(cuda.to_device(kv), pos, cuda.to_device(np.array([1, 0], np.int32)), g, part, S)
     want = np.ones((2, 3), np.float32)
     want[0] = [global_scale_for(4.0 * float(np.abs(kv[0, :T, h]).max())) for h in range(3)]
     assert want[0, 1] == 1.0 and want[0, 2] == global_scale_for(200.0)

@@ -43,6 +43,12 @@ from coldkv.runtime.safetensors_io import bf16_bits_to_f32
 # Python each); up to 8192 while the prefill attention grid of a chunk would not fill the GPU
 # unsplit (prefill_chunk_tokens).
 MIN_CHUNK, MAX_CHUNK = 2048, 8192
+# A chunk shorter than the backend's (a short prompt, a prompt's last chunk) runs as a pass of
+# padded_rows(T) rows (its tokens, then token 0 up to the padding), so that a few captured graphs
+# per cache serve every length instead of ~90 launches from Python (13 ms for a 4096-token prompt
+# on the H200 whose GPU work is 2.5 ms). Caches hold a multiple of PAD_QUANTUM tokens so the
+# padding always fits.
+PAD_QUANTUM = 1024
 CHUNK_BUFFER_BYTES = 1 << 30  # at most this much of per-token activation buffers
 LOGITS_CHUNK = 512  # rows per pass when every position's logits are wanted ([rows, vocab] f32 buffer)
 DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tokens: 256 used)
@@ -64,6 +70,19 @@ def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
     while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and 2 * T * per_token <= CHUNK_BUFFER_BYTES:
         T *= 2
     return T
+
+
+def padded_rows(T: int) -> int:
+    """Rows of the pass that runs a chunk of T tokens: powers of two from 256 to PAD_QUANTUM, then
+    multiples of PAD_QUANTUM (at most 1.33x the work above 3072 tokens)."""
+    if T > PAD_QUANTUM:
+        return -(-T // PAD_QUANTUM) * PAD_QUANTUM
+    return max(256, 1 << (T - 1).bit_length())
+
+
+def cache_tokens(max_tokens: int) -> int:
+    """The capacity a cache for max_tokens gets (room for a padded last chunk)."""
+    return -(-max(1, max_tokens) // PAD_QUANTUM) * PAD_QUANTUM
 
 
 @dataclass
@@ -146,8 +165,8 @@ class CUDABackend:
         self.logits_host = cuda.pinned_array((1, a.vocab_size), f32)
         self.tok_host = cuda.pinned_array(T, np.int32)
         self.tok = dev(T, np.int32)
-        self.pos_host = cuda.pinned_array(1, np.int32)
-        self.pos = dev(1, np.int32)  # the chunk's first position, read by kernels (graph-safe)
+        self.pos_host = cuda.pinned_array(2, np.int32)
+        self.pos = dev(2, np.int32)  # the chunk's (first position, valid tokens), read by kernels (graph-safe)
         self.sample_params = dev(3, f32)  # temperature, top_k, top_p: numba_kernels/sampling.py
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
         self.sample_host = cuda.pinned_array(1, np.int32)
@@ -166,9 +185,10 @@ class CUDABackend:
 
     # -- Backend protocol ---------------------------------------------------------------------------
     def new_cache(self, table: KVTable, max_tokens: int) -> DevicePagedKVCache:
-        """A cache for one sequence. The device memory (and the graphs captured on it) of the last
-        cache is reused when that cache is gone and had the same table and page count."""
-        a = self.args
+        """A cache for one sequence (capacity cache_tokens(max_tokens)). The device memory (and the
+        graphs captured on it) of the last cache is reused when that cache is gone and had the same
+        table and page count."""
+        a, max_tokens = self.args, cache_tokens(max_tokens)
         self._ensure_rope(max_tokens)
         held, same = self._held_arena(table, max_tokens)
         reuse = held if same else None
@@ -191,7 +211,7 @@ class CUDABackend:
         return held, same
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
-        a = self.args
+        a, max_tokens = self.args, cache_tokens(max_tokens)
         need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
         free, total = cuda.current_context().get_memory_info()
         held, same = self._held_arena(table, max_tokens)  # new_cache reuses or frees it
@@ -243,22 +263,29 @@ class CUDABackend:
         pos0 = cache.extend(n)
         s = self.stream
         cache.sync(s)
-        tok_dev = cuda.to_device(tokens.astype(np.int32), stream=s)  # [n]
         starts = list(range(0, n, chunk))
-        pos_dev = cuda.to_device(np.array(starts, np.int32) + pos0, stream=s)  # [chunks] first positions
+        rows = [min(padded_rows(min(chunk, n - st)), chunk) for st in starts]  # rows of each chunk's pass
+        pad = max(0, starts[-1] + rows[-1] - n)
+        tok_dev = cuda.to_device(np.concatenate([tokens, np.zeros(pad, np.int64)]).astype(np.int32), stream=s)
+        # [chunks, 2]: first position, valid tokens
+        pos_dev = cuda.to_device(np.array([(pos0 + st, min(chunk, n - st)) for st in starts], np.int32), stream=s)
+        capacity = cache.max_pages * cache.page_tokens
         report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
         for c, start in enumerate(starts):
-            T = min(chunk, n - start)
+            T, R = min(chunk, n - start), rows[c]
             last = c == len(starts) - 1
-            if T == chunk:  # a full chunk (a calibrating first one too): graph replay, ids and position copied in
-                self.tok[:T].copy_to_device(tok_dev[start:start + T], stream=s)
-                self.pos.copy_to_device(pos_dev[c:c + 1], stream=s)
-                self._graphed_step(T, cache, None)
+            if R <= self.max_chunk and pos0 + start + R <= capacity:
+                # R rows (T tokens, then padding): graph replay, ids and position copied in. The
+                # padding's K/V land past the cache's length (pages it holds; unallocated ones
+                # are skipped) and are overwritten by the next tokens; no valid row attends to them.
+                self.tok[:R].copy_to_device(tok_dev[start:start + R], stream=s)
+                self.pos.copy_to_device(pos_dev[c], stream=s)
+                self._graphed_step(R, cache, None)
                 out = self._head(T, False) if last else None
-            else:  # a short last chunk
+            else:  # a chunk whose padding would not fit (a cache made elsewhere): launched one by one
                 out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
-                                 pos=pos_dev[c:c + 1], head="logits" if last else None)
+                                 pos=pos_dev[c], head="logits" if last else None)
             ev = cuda.event(timing=False)
             ev.record(s)
             done.append((ev, start + T))
@@ -297,7 +324,7 @@ class CUDABackend:
         T, s = len(tokens), self.stream
         pos0 = cache.extend(T)
         self.tok_host[:T] = tokens
-        self.pos_host[0] = pos0
+        self.pos_host[:] = pos0, T
         cache.sync(s)
         self.tok.copy_to_device(self.tok_host, stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
@@ -326,8 +353,8 @@ class CUDABackend:
     # -- the pass -----------------------------------------------------------------------------------
     def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool, tok=None, pos=None,
               head: str | None = "logits"):
-        """Enqueue one pass over T tokens: ids in `tok` [T] (default self.tok), first position in
-        `pos` [1] (default self.pos) on the device and pos0 on the host. pos0 None: a captured decode
+        """Enqueue one pass over T rows: ids in `tok` [T] (default self.tok), (first position, valid
+        tokens <= T) in `pos` [2] (default self.pos) on the device and pos0 on the host. pos0 None: a captured decode
         step, where attention reads the position from the device and plans its splits for the
         cache's whole length. head: "logits" (final norm + LM head), "sample" (and draw the next
         token into sample_out), None (a prompt chunk before the last)."""
@@ -351,7 +378,7 @@ class CUDABackend:
 
             if not cache.calibrated[i]:  # the layer's first chunk: fp32 K/V fix the 4-bit scales first
                 post_qkv(False)
-                L.launch_kv_gscale(self.kv, T, cache.two_level_dev[i], gscale, self.kv_amax, s)
+                L.launch_kv_gscale(self.kv, pos, cache.two_level_dev[i], gscale, self.kv_amax, s)
                 cache.calibrated[i] = True
             post_qkv(True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
