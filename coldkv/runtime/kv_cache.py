@@ -115,11 +115,16 @@ class PagedKVCache:
         first, last = pos0 // self.page_tokens, -(-end // self.page_tokens)
         for layer, pools in enumerate(self.pools):
             for plane, pool in enumerate(pools):
-                row = self.block_table[layer, plane]  # [H, max_pages]
-                missing = [(h, p) for h in range(self.n_kv_heads) for p in range(first, last) if row[h, p] == -1]
-                pool.grow(len(missing), self.page_tokens, self.head_dim, cap=self.n_kv_heads * self.max_pages)
-                for h, p in missing:
-                    row[h, p] = pool.free.pop()
+                seg = self.block_table[layer, plane, :, first:last]  # [H, pages] view
+                missing = seg == -1
+                k = int(np.count_nonzero(missing))
+                if k == 0:
+                    continue
+                pool.grow(k, self.page_tokens, self.head_dim, cap=self.n_kv_heads * self.max_pages)
+                # (head, page) in row-major order get pool.free.pop() in turn, as a loop would; vectorized
+                # because a 32k prompt maps ~16k pages here (~6 ms of Python per prefill, the GPU idle)
+                seg[missing] = pool.free[:-k - 1:-1]
+                del pool.free[-k:]
         self.length = end
         return pos0
 
