@@ -114,7 +114,7 @@ def _pos_dev(pos):
 
 def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     """The attention kernel for K format kf, V format vf, G q heads per kv head, head_dim D;
-    `devpos`: the position argument is an int32[1] device array instead of an int."""
+    `devpos`: the position argument is a 1-D int32 device array (position at [0]) instead of an int."""
     _read_pos = _pos_dev if devpos else _pos_int
     (EK, LPT_K, WK, VPWK), (EV, LPT_V, WV, VPWV), CH = chunk_layout(kf, G=G, D=D, vf=vf)
     TPW_K, TPW_V = 32 // LPT_K, 32 // LPT_V
@@ -145,7 +145,7 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     @jit
     def attn_kernel(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table,
                     ws_acc, ws_ml):
-        # pos: position of query 0, an int or (device-position mode) an int32[1] device array read
+        # pos: position of query 0, an int or (device-position mode) a 1-D int32 device array whose [0] is read
         # here, so a captured CUDA graph serves every decode position.
         # k_words/v_words: the pools' codes as flat uint32 words, row r of page pg at (pg * P + r) * RW;
         # k_scales/v_scales: the pools' scales, flat (uint8 E4M3 bytes or float32 int8 row scales).
@@ -724,9 +724,10 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     devpos = not isinstance(pos0, (int, np.integer))
     if devpos:
         if plan_len is None:
-            raise ValueError("attention_cuda: a device position (int32[1] array) needs plan_len=")
-        if tuple(pos0.shape) != (1,) or pos0.dtype != np.int32:
-            raise ValueError(f"attention_cuda: device position must be int32[1], got {pos0.dtype}{tuple(pos0.shape)}")
+            raise ValueError("attention_cuda: a device position (int32 array, position at [0]) needs plan_len=")
+        if pos0.ndim != 1 or pos0.shape[0] < 1 or pos0.dtype != np.int32:
+            raise ValueError(f"attention_cuda: a device position is a 1-D int32 array with the position at [0], "
+                             f"got {pos0.dtype}{tuple(pos0.shape)}")
     if T == 0:
         return out
     L_max = int(plan_len) if plan_len is not None else int(pos0) + T

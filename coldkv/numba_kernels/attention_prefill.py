@@ -1277,7 +1277,7 @@ PREDECODE_THREADS = 256
 def launch_predecode(fmt: int, D: int, pos0, T: int, L_plan: int, P: int, words, scales, table, plane: int,
                      out, stream=0) -> None:
     """Enqueue `_build_predecode`'s kernel for plane (0 K, 1 V) of a layer into `out` (flat uint32,
-    >= pool rows x D / 2). pos0: an int, or the int32[1] device position."""
+    >= pool rows x D / 2). pos0: an int, or the int32 device array whose [0] is the position."""
     devpos = not isinstance(pos0, (int, np.integer))
     key = (int(fmt), int(D), devpos)
     if key not in _PREDECODE:
