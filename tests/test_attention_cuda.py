@@ -383,6 +383,25 @@ def test_prefill_chunk_tokens():
     assert prefill_chunk_tokens(wide, 132) == 2048  # 4096 tokens of buffers would pass 1 GiB
 
 
+def test_padded_rows_and_cache_capacity():
+    """A short chunk's pass: >= its tokens, at most 2x below 1024 and 1.33x above 3072 rows, few
+    distinct sizes; a cache's capacity leaves room for the padded last chunk of any prompt split
+    into chunks of a multiple of 1024 tokens."""
+    from coldkv.runtime.cuda_backend import PAD_QUANTUM, cache_tokens, padded_rows
+
+    sizes = {padded_rows(t) for t in range(1, 8193)}
+    assert sizes == {256, 512} | {1024 * k for k in range(1, 9)}
+    for t in range(1, 8193):
+        r = padded_rows(t)
+        assert t <= r <= max(256, 2 * t) and (t <= 3072 or r <= 4 * t / 3 + 1)
+    for n in (1, 255, 591, 4096, 4097, 32768 + 100):
+        for new in (0, 1, 64):
+            for chunk in (1024, 2048, 8192):
+                last = (n - 1) // chunk * chunk
+                assert last + min(padded_rows(n - last), chunk) <= cache_tokens(n + new)
+    assert cache_tokens(4160) == 5120 and cache_tokens(4096) == 4096 and cache_tokens(0) == PAD_QUANTUM
+
+
 def test_plan_splits():
     ppw, nblk = A.plan_splits(1, 8, 131072, 64, 132, 4096)
     assert ppw * nblk * A.NWARPS >= 2048 and nblk * 8 * A.NWARPS >= 132 * 8
