@@ -1,0 +1,225 @@
+"""Does a Numba kernel run Hopper's warpgroup MMA? A probe for the prefill kernel's next step.
+
+The fa prefill kernel uses mma.sync (m16n8k16, one warp); at 32k tokens it reaches ~230 TFLOP/s
+and takes longer than HF's whole prefill (docs/kernels.md, "Prefill, session 11"). FA3 gets its
+speed from wgmma.mma_async (a warpgroup of 4 warps, B and optionally A read from shared memory
+through 64-bit descriptors, asynchronous), which needs the sm_90a target. numba-cuda 0.30
+compiles for `sm_90a` on an H200 (numba/cuda/codegen.py `_ensure_cc`), so the instruction is
+reachable through inline PTX. This probe checks one m64n64k16 bf16 wgmma (A in registers, B
+K-major in shared memory without swizzle) against numpy for both readings of the descriptor's
+two byte offsets, then times a loop of accumulating wgmmas on every SM.
+
+    python bench/wgmma_probe.py --commit C --out $OUT/wgmma_probe.json
+
+Without a GPU, `--ptx FILE` writes the kernels' PTX for sm_90a (for `ptxas -arch=sm_90a`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.extending import intrinsic
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchutil import git_commit  # noqa: E402
+
+from coldkv.numba_kernels.mma_ptx import _smem_ptr  # noqa: E402
+
+N_ACC = 32  # m64n64 f32 accumulator: 64 x 64 / 128 threads
+_F32 = types.float32
+_D = ", ".join(f"${i}" for i in range(N_ACC))
+
+
+def _wgmma(accumulate: bool):
+    """(a0..a3 bf16x2 words, B descriptor[, 32 accumulators]) -> 32 accumulators of
+    wgmma.mma_async.m64n64k16.f32.bf16.bf16, fenced, committed and waited for."""
+    a = ", ".join(f"${N_ACC + i}" for i in range(4))
+    ptx = ("wgmma.fence.sync.aligned;\n"
+           f"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{_D}}}, {{{a}}}, ${N_ACC + 4}, "
+           f"{1 if accumulate else 0}, 1, 1, 0;\n"
+           "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;")
+    cons = ",".join(["=f"] * N_ACC + ["r"] * 4 + ["l"] + ([str(i) for i in range(N_ACC)] if accumulate else []))
+    ret = types.UniTuple(_F32, N_ACC)
+
+    def codegen(context, builder, sig, args):
+        words = [context.cast(builder, v, t, types.uint32) for v, t in zip(args[:4], sig.args[:4])]
+        ins = words + [context.cast(builder, args[4], sig.args[4], types.uint64)]
+        lt = [ir.IntType(32)] * 4 + [ir.IntType(64)]
+        if accumulate:
+            ins += [builder.extract_value(args[5], i) for i in range(N_ACC)]
+            lt += [ir.FloatType()] * N_ACC
+        rt = ir.LiteralStructType([ir.FloatType()] * N_ACC)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, lt), ptx, cons + ",~{memory}", side_effect=True), ins)
+        return context.make_tuple(builder, ret, [builder.extract_value(r, i) for i in range(N_ACC)])
+
+    if accumulate:
+        def wgmma_acc(typingctx, a0, a1, a2, a3, desc, acc):
+            return ret(types.uint32, types.uint32, types.uint32, types.uint32, types.uint64, ret), codegen
+
+        return intrinsic(wgmma_acc)
+
+    def wgmma(typingctx, a0, a1, a2, a3, desc):
+        return ret(types.uint32, types.uint32, types.uint32, types.uint32, types.uint64), codegen
+
+    return intrinsic(wgmma)
+
+
+wgmma_64x64 = _wgmma(False)
+wgmma_64x64_acc = _wgmma(True)
+
+
+@intrinsic
+def smem_addr(typingctx, arr):
+    """The 32-bit shared-window address of arr[0]."""
+    def codegen(context, builder, sig, args):
+        return _smem_ptr(context, builder, sig.args[0], args[0], ir.Constant(ir.IntType(32), 0))
+
+    return types.uint32(arr), codegen
+
+
+@intrinsic
+def fence_proxy_async(typingctx):
+    """Make this thread's generic-proxy shared stores visible to the async proxy (wgmma reads)."""
+    def codegen(context, builder, sig, args):
+        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "fence.proxy.async.shared::cta;",
+                                  "~{memory}", side_effect=True), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@cuda.jit(device=True)
+def _desc(sm, lbo, sbo):
+    """No-swizzle matrix descriptor: start address, leading and stride byte offsets (all >> 4)."""
+    return ((np.uint64(smem_addr(sm)) >> np.uint64(4)) & np.uint64(0x3FFF)) \
+        | (np.uint64(lbo >> 4) << np.uint64(16)) | (np.uint64(sbo >> 4) << np.uint64(32))
+
+
+@cuda.jit(device=True)
+def _a_frag(a, warp, lane):
+    """The mma.m16n8k16 A fragment of rows 16 warp .. +15 of a [64, 16] bf16 bits (uint16)."""
+    g, q = lane >> 2, lane & 3
+    r0, r1, k = 16 * warp + g, 16 * warp + g + 8, 2 * q
+    return _pair(a, r0, k), _pair(a, r1, k), _pair(a, r0, k + 8), _pair(a, r1, k + 8)
+
+
+@cuda.jit(device=True)
+def _pair(a, r, k):
+    return np.uint32(a[r, k]) | (np.uint32(a[r, k + 1]) << np.uint32(16))
+
+
+@cuda.jit
+def probe_kernel(a, b_core, lbo, sbo, out):
+    """out [64, 64] f32 = a [64, 16] @ B, B given as b_core: K-major 8x8 core matrices."""
+    sm = cuda.shared.array(1024, np.uint16, alignment=128)
+    t = cuda.threadIdx.x
+    for i in range(t, 1024, 128):
+        sm[i] = b_core[i]
+    fence_proxy_async()
+    cuda.syncthreads()
+    warp, lane = t // 32, t % 32
+    a0, a1, a2, a3 = _a_frag(a, warp, lane)
+    d = wgmma_64x64(a0, a1, a2, a3, _desc(sm, lbo, sbo))
+    g, q = lane >> 2, lane & 3
+    for j in range(8):
+        for e in range(4):
+            out[16 * warp + g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)] = d[4 * j + e]
+
+
+@cuda.jit
+def loop_kernel(a, b_core, lbo, sbo, iters, out):
+    """iters accumulating wgmmas per warpgroup (the same operands): throughput, not a result."""
+    sm = cuda.shared.array(1024, np.uint16, alignment=128)
+    t = cuda.threadIdx.x
+    for i in range(t, 1024, 128):
+        sm[i] = b_core[i]
+    fence_proxy_async()
+    cuda.syncthreads()
+    a0, a1, a2, a3 = _a_frag(a, t // 32, t % 32)
+    desc = _desc(sm, lbo, sbo)
+    d = wgmma_64x64(a0, a1, a2, a3, desc)
+    for _ in range(iters - 1):
+        d = wgmma_64x64_acc(a0, a1, a2, a3, desc, d)
+    s = np.float32(0.0)
+    for i in range(N_ACC):
+        s += d[i]
+    out[cuda.blockIdx.x * 128 + t] = s
+
+
+def b_core_layout(b: np.ndarray) -> np.ndarray:
+    """B [16 (K), 64 (N)] -> K-major core matrices [n block 8][k block 2][8 n][8 k] (flat): core
+    matrices adjacent in K are 128 bytes apart, adjacent in N 256 bytes."""
+    return np.ascontiguousarray(b.T.reshape(8, 8, 2, 8).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=4096)
+    ap.add_argument("--commit")
+    ap.add_argument("--ptx", type=Path, help="write the PTX for sm_90a to this file and stop (no GPU needed)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "wgmma_probe.json")
+    a = ap.parse_args()
+    if a.ptx:
+        import numba.cuda.dispatcher as dispatcher
+
+        class _Sm90:
+            compute_capability = (9, 0)
+
+        dispatcher.get_current_device = lambda: _Sm90()  # device functions ask for it
+        sig = "void(uint16[:,::1], uint16[::1], int64, int64, {})"
+        ptx = [cuda.compile_ptx(probe_kernel.py_func, sig.format("float32[:,::1]"), cc=(9, 0))[0],
+               cuda.compile_ptx(loop_kernel.py_func, "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])",
+                                cc=(9, 0))[0]]
+        a.ptx.write_text("\n".join(p.replace(".target sm_90", ".target sm_90a") for p in ptx))
+        print(f"wrote {a.ptx}")
+        return
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((64, 16)).astype(ml_dtypes.bfloat16)
+    B = rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
+    want = A.astype(np.float64) @ B.astype(np.float64)
+    a_dev = cuda.to_device(A.view(np.uint16))
+    b_dev = cuda.to_device(b_core_layout(B.view(np.uint16)))
+    out = cuda.device_array((64, 64), np.float32)
+    checks = {}
+    for lbo, sbo in ((128, 256), (256, 128)):
+        out.copy_to_device(np.full((64, 64), np.nan, np.float32))
+        probe_kernel[1, 128](a_dev, b_dev, lbo, sbo, out)
+        got = out.copy_to_host()
+        err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
+        checks[f"lbo{lbo}_sbo{sbo}"] = {"max_abs_err": err, "all_finite": bool(np.isfinite(got).all()),
+                                         "ok": bool(np.isfinite(got).all() and err <= 1e-4 * np.abs(want).max())}
+    good = [k for k, v in checks.items() if v["ok"]]
+    res = {"command": "python " + " ".join(sys.argv), "device": cuda.get_current_device().name.decode()
+           if isinstance(cuda.get_current_device().name, bytes) else str(cuda.get_current_device().name),
+           "commit": git_commit(a.commit), "checks": checks}
+    if good:
+        lbo, sbo = (int(x[3:]) for x in good[0].split("_"))
+        sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        sink = cuda.device_array(4 * sms * 128, np.float32)
+        loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, 8, sink)  # compile
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, a.iters, sink)
+        cuda.synchronize()
+        dt = time.perf_counter() - t0
+        flops = 2 * 64 * 64 * 16 * a.iters * 4 * sms
+        # each wgmma here waits for the previous one (wait_group 0): a latency-bound lower bound
+        res["loop"] = {"blocks": 4 * sms, "iters": a.iters, "ms": round(1e3 * dt, 3),
+                       "tflops_serial_wait": round(flops / dt / 1e12, 1)}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
