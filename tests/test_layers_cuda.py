@@ -61,11 +61,14 @@ def _rope_tables(n, D):
     return Rope(RopeArgs(), D).cos_sin(np.arange(n))
 
 
-@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias", [("nvfp4", "int8", True, False), ("iso3", "bf16", False, True)])
-def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias):
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D", [
+    ("nvfp4", "int8", True, False, 64), ("iso3", "bf16", False, True, 128), ("bf16", "nvfp4", True, True, 192),
+    ("int8", "iso3", False, False, 256)])
+def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D):
     """q/k/v after bias, norm and RoPE match the float64 reference; the pages written by the fused
-    path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V."""
-    T, Hq, H, D, P, pos0 = 3, 4, 2, 64, 4, 6
+    path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V. Every
+    head_dim the kernel takes (its RoPE pairs are spelled out per head_dim)."""
+    T, Hq, H, P, pos0 = 3, 4, 2, 4, 6
     qkv = rng.standard_normal((T, (Hq + 2 * H) * D)).astype(np.float32)
     b = rng.standard_normal(qkv.shape[1]).astype(np.float32) if bias else np.zeros(0, np.float32)
     qn, kn = ((1 + 0.1 * rng.standard_normal((2, D))).astype(np.float32) if qk_norm

@@ -125,6 +125,18 @@ def _quantize_row(fmt, src, D, g, table, h, p, codes, scales, lane):
         quantize_chunk(fmt, src, c0, n, g, codes, scales, page, p % P, c0)
 
 
+@cuda.jit(device=True)
+def _rot(vals, j, k, cos, sin, p, lane):
+    """RoPE of the lane's value slots j (column lane + 32 j) and k (its partner, + D/2)."""
+    c = lane + 32 * j
+    co = cos[p, c]
+    si = sin[p, c]
+    x1 = vals[j]
+    x2 = vals[k]
+    vals[j] = x1 * co - x2 * si
+    vals[k] = x2 * co + x1 * si
+
+
 @cuda.jit
 def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
                            k_fmt, k_table, k_codes, k_scales, v_fmt, v_table, v_codes, v_scales,
@@ -171,16 +183,22 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
                 if j < nv:
                     c = lane + 32 * j
                     vals[j] = vals[j] * inv * (q_norm[c] if s < Hq else k_norm[c])
-        half = nv // 2
-        for j in range(MAX_VPL // 2):
-            if j < half:
-                c = lane + 32 * j
-                co = cos[p, c]
-                si = sin[p, c]
-                x1 = vals[j]
-                x2 = vals[j + half]
-                vals[j] = x1 * co - x2 * si
-                vals[j + half] = x2 * co + x1 * si
+        # RoPE pairs value slot j with j + nv / 2, spelled out per head_dim: a variable index
+        # would keep `vals` in local memory (ptxas: a 32-byte stack frame, ~50 ld/st.local)
+        if nv == 2:
+            _rot(vals, 0, 1, cos, sin, p, lane)
+        elif nv == 4:
+            _rot(vals, 0, 2, cos, sin, p, lane)
+            _rot(vals, 1, 3, cos, sin, p, lane)
+        elif nv == 6:
+            _rot(vals, 0, 3, cos, sin, p, lane)
+            _rot(vals, 1, 4, cos, sin, p, lane)
+            _rot(vals, 2, 5, cos, sin, p, lane)
+        else:
+            _rot(vals, 0, 4, cos, sin, p, lane)
+            _rot(vals, 1, 5, cos, sin, p, lane)
+            _rot(vals, 2, 6, cos, sin, p, lane)
+            _rot(vals, 3, 7, cos, sin, p, lane)
     if s < Hq:
         for j in range(MAX_VPL):
             if j < nv:
