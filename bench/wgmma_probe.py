@@ -116,15 +116,21 @@ def _pair(a, r, k):
     return np.uint32(a[r, k]) | (np.uint32(a[r, k + 1]) << np.uint32(16))
 
 
+@cuda.jit(device=True)
+def _stage_b(sm, b_core, t):
+    """B's core matrices into shared memory, visible to the async proxy that wgmma reads with."""
+    for i in range(t, 1024, 128):
+        sm[i] = b_core[i]
+    fence_proxy_async()
+    cuda.syncthreads()
+
+
 @cuda.jit
 def probe_kernel(a, b_core, lbo, sbo, out):
     """out [64, 64] f32 = a [64, 16] @ B, B given as b_core: K-major 8x8 core matrices."""
     sm = cuda.shared.array(1024, np.uint16, alignment=128)
     t = cuda.threadIdx.x
-    for i in range(t, 1024, 128):
-        sm[i] = b_core[i]
-    fence_proxy_async()
-    cuda.syncthreads()
+    _stage_b(sm, b_core, t)
     warp, lane = t // 32, t % 32
     a0, a1, a2, a3 = _a_frag(a, warp, lane)
     d = wgmma_64x64(a0, a1, a2, a3, _desc(sm, lbo, sbo))
@@ -139,10 +145,7 @@ def loop_kernel(a, b_core, lbo, sbo, iters, out):
     """iters accumulating wgmmas per warpgroup (the same operands): throughput, not a result."""
     sm = cuda.shared.array(1024, np.uint16, alignment=128)
     t = cuda.threadIdx.x
-    for i in range(t, 1024, 128):
-        sm[i] = b_core[i]
-    fence_proxy_async()
-    cuda.syncthreads()
+    _stage_b(sm, b_core, t)
     a0, a1, a2, a3 = _a_frag(a, t // 32, t % 32)
     desc = _desc(sm, lbo, sbo)
     d = wgmma_64x64(a0, a1, a2, a3, desc)
