@@ -809,6 +809,16 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
 
+    @cuda.jit(device=True)
+    def key_scale(ksr, i, kc):
+        """What a score of shared key i is multiplied by: the 4-bit plane's 1 / g, an int8 row
+        scale, or 1 (bf16)."""
+        if K4:
+            return kc
+        if kf == INT8:
+            return ksr[i]
+        return f32(1.0)
+
     def plane_ops(fmt, RW, pre_decoded):
         dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
         copy = fmt == BF16 or pre_decoded  # 16-bit rows: straight into shared memory
@@ -1075,25 +1085,23 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         sv[u + 1, 2] = r2
                         sv[u + 1, 3] = r3
                 # ---- scales and the mask (diagonal / end of the split / holes only)
-                need = holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0
-                for u in range(NKT):
-                    for e in range(2):
-                        kk = 8 * u + 2 * tig + e
-                        if K4:
-                            sc = kc
-                        elif kf == INT8:
-                            sc = ksr[buf * CHB + kk]
-                        else:
-                            sc = f32(1.0)
-                        x0 = sv[u, e] * sc
-                        x1 = sv[u, 2 + e] * sc
-                        if need:
+                # two loops, so that the common tile (no mask) has no per-score branch; bf16
+                # keys (scale 1) skip the second one entirely
+                if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
+                    for u in range(NKT):
+                        for e in range(2):
+                            kk = 8 * u + 2 * tig + e
+                            sc = key_scale(ksr, buf * CHB + kk, kc)
                             g = k0 + kk
                             okk = g < ke and (not holes or kval[buf * CHB + kk] != 0)
-                            x0 = x0 if okk and g <= rpos[0] else _NEG_INF
-                            x1 = x1 if okk and g <= rpos[1] else _NEG_INF
-                        sv[u, e] = x0
-                        sv[u, 2 + e] = x1
+                            sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
+                            sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
+                elif K4 or kf == INT8:
+                    for u in range(NKT):
+                        for e in range(2):
+                            sc = key_scale(ksr, buf * CHB + 8 * u + 2 * tig + e, kc)
+                            sv[u, e] = sv[u, e] * sc
+                            sv[u, 2 + e] = sv[u, 2 + e] * sc
                 # ---- online softmax, rows gid (slots 0, 1) and gid + 8 (2, 3)
                 mx0 = _NEG_INF
                 mx1 = _NEG_INF
@@ -1174,11 +1182,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if nxt:
                 commit_k(KS, nb, kreg, c, key0)
                 commit_v(VS, nb, vreg, c, key0)
-                if c == 0:
+                if c == 0 and (holes or kf == INT8 or vf == INT8):  # kval is read in blocks with holes only
                     ob = (buf ^ 1) * CHB
                     for j in range(NIT):
                         key = key0 + KPI * j
-                        kval[ob + key] = okb[j]
+                        if holes:
+                            kval[ob + key] = okb[j]
                         if kf == INT8:
                             ksr[ob + key] = krs[j]
                         if vf == INT8:
