@@ -179,8 +179,8 @@ def main() -> None:
         dispatcher.get_current_device = lambda: _Sm90()  # device functions ask for it
         sig = "void(uint16[:,::1], uint16[::1], int64, int64, {})"
         ptx = [cuda.compile_ptx(probe_kernel.py_func, sig.format("float32[:,::1]"), cc=(9, 0))[0],
-               cuda.compile_ptx(loop_kernel.py_func, "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])",
-                                cc=(9, 0))[0]]
+               cuda.compile_ptx(loop_kernel.py_func,
+                                "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])", cc=(9, 0))[0]]
         a.ptx.write_text("\n".join(p.replace(".target sm_90", ".target sm_90a") for p in ptx))
         print(f"wrote {a.ptx}")
         return

@@ -258,8 +258,9 @@ def test_new_cache_reuses_arena_and_graphs(bundled):
 
 def test_short_prompt_runs_a_padded_graph(bundled):
     """A prompt shorter than a chunk runs as one pass of padded_rows(n) rows (token 0 after it):
-    three prefills of that size (compile or capture, then replay) are bit for bit alike; the logits match forward()'s unpadded pass within float noise, and decode steps
-    after it match too (the padding's K/V past the cache's length are never attended to)."""
+    three prefills of that size (compile or capture, then replay) are bit for bit alike; the
+    logits match forward()'s unpadded pass within float noise, and decode steps after it match
+    too (the padding's K/V past the cache's length are never attended to)."""
     from coldkv.runtime.cuda_backend import padded_rows
 
     d, tok, cpu, gpu, ref = bundled

@@ -354,9 +354,9 @@ class CUDABackend:
     def _step(self, T: int, pos0: int | None, cache: DevicePagedKVCache, all_logits: bool, tok=None, pos=None,
               head: str | None = "logits"):
         """Enqueue one pass over T rows: ids in `tok` [T] (default self.tok), (first position, valid
-        tokens <= T) in `pos` [2] (default self.pos) on the device and pos0 on the host. pos0 None: a captured decode
-        step, where attention reads the position from the device and plans its splits for the
-        cache's whole length. head: "logits" (final norm + LM head), "sample" (and draw the next
+        tokens <= T) in `pos` [2] (default self.pos) on the device and pos0 on the host. pos0 None:
+        a captured decode step, where attention reads the position from the device and plans its
+        splits for the cache's whole length. head: "logits" (final norm + LM head), "sample" (and draw the next
         token into sample_out), None (a prompt chunk before the last)."""
         a, s, gemm = self.args, self.stream, self.gemm
         tok = self.tok[:T] if tok is None else tok
