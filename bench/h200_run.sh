@@ -8,12 +8,13 @@
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
 # A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
 # third, "prefill", adds bench/attention_prefill.py at T 2048 (~50 s) and bench/prefill_profile.py; a
-# fourth is the seconds the whole script may take (default 570).
+# fourth is the seconds the whole script may take (default 570). bench/wgmma_probe.py (~20 s) runs
+# after the tests.
 set -u
 C=${1:?commit}
 B=${4:-570}  # seconds this script may take (generate and the profile only start if time is left)
 S=$(date +%s)
-timeout 330 python3 -m pytest -m gpu -n 8 -q -rfE -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
+timeout 330 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
 T=$!
 timeout 420 python3 bench/attention_decode.py --commit "$C" --wait-pid $T --out "$OUT/attention_decode.json" > "$OUT/decode.log" 2>&1 &
 D=$!
@@ -27,6 +28,7 @@ if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compile
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
 fi
 wait
+timeout 60 python3 bench/wgmma_probe.py --commit "$C" --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
 left=$(( B - ($(date +%s) - S) ))
 [ $left -gt 60 ] && timeout $left python3 bench/generate.py --commit "$C" --repeats $([ $left -gt 150 ] && echo 2 || echo 1) \
   --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
@@ -35,6 +37,8 @@ left=$(( B - ($(date +%s) - S) ))
   --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 echo "elapsed $(( $(date +%s) - S )) s"
 tail -n 3 "$OUT/gpu_pytest_$C.log"
+grep -E "FAILED|ERROR" "$OUT/gpu_pytest_$C.log" | head
+python3 -c "import json; d = json.load(open('$OUT/wgmma_probe.json')); print('wgmma', d['checks'], d.get('loop'))" 2>/dev/null || tail -3 "$OUT/wgmma.log"
 grep -h '^{"format' "$OUT/decode.log" | python3 -c "
 import sys, json
 for l in sys.stdin:
