@@ -211,13 +211,13 @@ class CUDABackend:
         return held, same
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
-        a, max_tokens = self.args, cache_tokens(max_tokens)
-        need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens)
+        a, cap = self.args, cache_tokens(max_tokens)
+        need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, cap, self.page_tokens)
         free, total = cuda.current_context().get_memory_info()
-        held, same = self._held_arena(table, max_tokens)  # new_cache reuses or frees it
+        held, same = self._held_arena(table, cap)  # new_cache reuses or frees it
         if held is not None:
             need, free = (0, free) if same else (need, free + held.nbytes)
-        need += max(0, max_tokens - self._rope_rows) * a.head_dim * 4  # cos + sin tables
+        need += max(0, cap - self._rope_rows) * a.head_dim * 4  # cos + sin tables
         if need > free:
             raise PlanError(
                 f"{max_tokens} tokens of KV with table {table.name} need {need / 2**30:.2f} GiB of GPU "
