@@ -5,9 +5,10 @@ and takes longer than HF's whole prefill (docs/kernels.md, "Prefill, session 11"
 speed from wgmma.mma_async (a warpgroup of 4 warps, B and optionally A read from shared memory
 through 64-bit descriptors, asynchronous), which needs the sm_90a target. numba-cuda 0.30
 compiles for `sm_90a` on an H200 (numba/cuda/codegen.py `_ensure_cc`), so the instruction is
-reachable through inline PTX. This probe checks one m64n64k16 bf16 wgmma (A in registers, B
-K-major in shared memory without swizzle) against numpy for both readings of the descriptor's
-two byte offsets, then times a loop of accumulating wgmmas on every SM.
+reachable through inline PTX. This probe checks one m64n64k16 bf16 wgmma (A in registers, B in
+shared memory without swizzle, K-major as S = Q K^T would read K, and N-major with trans-b as
+O = P V would read V) against numpy for both readings of the descriptor's two byte offsets, then
+times a loop of accumulating wgmmas on every SM.
 
     python bench/wgmma_probe.py --commit C --out $OUT/wgmma_probe.json
 
@@ -38,13 +39,14 @@ _F32 = types.float32
 _D = ", ".join(f"${i}" for i in range(N_ACC))
 
 
-def _wgmma(accumulate: bool):
-    """(a0..a3 bf16x2 words, B descriptor[, 32 accumulators]) -> 32 accumulators of
-    wgmma.mma_async.m64n64k16.f32.bf16.bf16, fenced, committed and waited for."""
+def _wgmma(accumulate: bool, trans_b: int = 0, repeat: int = 1):
+    """(a0..a3 bf16x2 words, B descriptor[, 32 accumulators]) -> 32 accumulators of `repeat`
+    back-to-back wgmma.mma_async.m64n64k16.f32.bf16.bf16 (B N-major when trans_b), fenced before,
+    committed and waited for after."""
     a = ", ".join(f"${N_ACC + i}" for i in range(4))
-    ptx = ("wgmma.fence.sync.aligned;\n"
-           f"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{_D}}}, {{{a}}}, ${N_ACC + 4}, "
-           f"{1 if accumulate else 0}, 1, 1, 0;\n"
+    mma = [f"wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{_D}}}, {{{a}}}, ${N_ACC + 4}, "
+           f"{1 if accumulate or i else 0}, 1, 1, {trans_b};\n" for i in range(repeat)]
+    ptx = ("wgmma.fence.sync.aligned;\n" + "".join(mma) +
            "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;")
     cons = ",".join(["=f"] * N_ACC + ["r"] * 4 + ["l"] + ([str(i) for i in range(N_ACC)] if accumulate else []))
     ret = types.UniTuple(_F32, N_ACC)
@@ -73,7 +75,8 @@ def _wgmma(accumulate: bool):
 
 
 wgmma_64x64 = _wgmma(False)
-wgmma_64x64_acc = _wgmma(True)
+wgmma_64x64_nmajor = _wgmma(False, trans_b=1)
+wgmma_64x64_acc4 = _wgmma(True, repeat=4)  # 4 MMAs per commit/wait: closer to the issue rate
 
 
 @intrinsic
@@ -126,14 +129,18 @@ def _stage_b(sm, b_core, t):
 
 
 @cuda.jit
-def probe_kernel(a, b_core, lbo, sbo, out):
-    """out [64, 64] f32 = a [64, 16] @ B, B given as b_core: K-major 8x8 core matrices."""
+def probe_kernel(a, b_core, lbo, sbo, n_major, out):
+    """out [64, 64] f32 = a [64, 16] @ B, B given as b_core: 8x8 core matrices, K-major (the
+    16 bytes of a core row run along K) or, n_major, N-major (trans-b)."""
     sm = cuda.shared.array(1024, np.uint16, alignment=128)
     t = cuda.threadIdx.x
     _stage_b(sm, b_core, t)
     warp, lane = t // 32, t % 32
     a0, a1, a2, a3 = _a_frag(a, warp, lane)
-    d = wgmma_64x64(a0, a1, a2, a3, _desc(sm, lbo, sbo))
+    if n_major:
+        d = wgmma_64x64_nmajor(a0, a1, a2, a3, _desc(sm, lbo, sbo))
+    else:
+        d = wgmma_64x64(a0, a1, a2, a3, _desc(sm, lbo, sbo))
     g, q = lane >> 2, lane & 3
     for j in range(8):
         for e in range(4):
@@ -142,25 +149,32 @@ def probe_kernel(a, b_core, lbo, sbo, out):
 
 @cuda.jit
 def loop_kernel(a, b_core, lbo, sbo, iters, out):
-    """iters accumulating wgmmas per warpgroup (the same operands): throughput, not a result."""
+    """4 iters accumulating wgmmas per warpgroup (the same operands, 4 per commit/wait):
+    throughput, not a result."""
     sm = cuda.shared.array(1024, np.uint16, alignment=128)
     t = cuda.threadIdx.x
     _stage_b(sm, b_core, t)
     a0, a1, a2, a3 = _a_frag(a, t // 32, t % 32)
     desc = _desc(sm, lbo, sbo)
     d = wgmma_64x64(a0, a1, a2, a3, desc)
-    for _ in range(iters - 1):
-        d = wgmma_64x64_acc(a0, a1, a2, a3, desc, d)
+    for _ in range(iters):
+        d = wgmma_64x64_acc4(a0, a1, a2, a3, desc, d)
     s = np.float32(0.0)
     for i in range(N_ACC):
         s += d[i]
     out[cuda.blockIdx.x * 128 + t] = s
 
 
-def b_core_layout(b: np.ndarray) -> np.ndarray:
-    """B [16 (K), 64 (N)] -> K-major core matrices [n block 8][k block 2][8 n][8 k] (flat): core
-    matrices adjacent in K are 128 bytes apart, adjacent in N 256 bytes."""
-    return np.ascontiguousarray(b.T.reshape(8, 8, 2, 8).transpose(0, 2, 1, 3)).reshape(-1)
+def b_layouts(b: np.ndarray) -> dict:
+    """B [16 (K), 64 (N)] bf16 bits as 8x8 core matrices (128 bytes each) in shared memory:
+    name -> (flat array, N-major?, (byte offset between K-adjacent cores, between N-adjacent))."""
+    kmaj = b.T.reshape(8, 8, 2, 8)  # [n block][n][k block][k]
+    nmaj = b.reshape(2, 8, 8, 8)  # [k block][k][n block][n]
+    return {
+        "kmajor_n_outer": (kmaj.transpose(0, 2, 1, 3), False, (128, 256)),  # [nb][kb][8 n][8 k]
+        "nmajor_k_outer": (nmaj.transpose(0, 2, 1, 3), True, (1024, 128)),  # [kb][nb][8 k][8 n]
+        "nmajor_n_outer": (nmaj.transpose(2, 0, 1, 3), True, (128, 256)),  # [nb][kb][8 k][8 n]
+    }
 
 
 def main() -> None:
@@ -177,8 +191,8 @@ def main() -> None:
             compute_capability = (9, 0)
 
         dispatcher.get_current_device = lambda: _Sm90()  # device functions ask for it
-        sig = "void(uint16[:,::1], uint16[::1], int64, int64, {})"
-        ptx = [cuda.compile_ptx(probe_kernel.py_func, sig.format("float32[:,::1]"), cc=(9, 0))[0],
+        sig = "void(uint16[:,::1], uint16[::1], int64, int64, boolean, float32[:,::1])"
+        ptx = [cuda.compile_ptx(probe_kernel.py_func, sig, cc=(9, 0))[0],
                cuda.compile_ptx(loop_kernel.py_func,
                                 "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])", cc=(9, 0))[0]]
         a.ptx.write_text("\n".join(p.replace(".target sm_90", ".target sm_90a") for p in ptx))
@@ -191,23 +205,28 @@ def main() -> None:
     B = rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
     want = A.astype(np.float64) @ B.astype(np.float64)
     a_dev = cuda.to_device(A.view(np.uint16))
-    b_dev = cuda.to_device(b_core_layout(B.view(np.uint16)))
     out = cuda.device_array((64, 64), np.float32)
-    checks = {}
-    for lbo, sbo in ((128, 256), (256, 128)):
-        out.copy_to_device(np.full((64, 64), np.nan, np.float32))
-        probe_kernel[1, 128](a_dev, b_dev, lbo, sbo, out)
-        got = out.copy_to_host()
-        err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
-        checks[f"lbo{lbo}_sbo{sbo}"] = {"max_abs_err": err, "all_finite": bool(np.isfinite(got).all()),
-                                         "ok": bool(np.isfinite(got).all() and err <= 1e-4 * np.abs(want).max())}
-    good = [k for k, v in checks.items() if v["ok"]]
-    res = {"command": "python " + " ".join(sys.argv), "device": cuda.get_current_device().name.decode()
-           if isinstance(cuda.get_current_device().name, bytes) else str(cuda.get_current_device().name),
+    checks, good = {}, None
+    # which of the descriptor's two byte offsets (bits 16-29 and 32-45) is which, per layout:
+    # each layout tried with its K-adjacent/N-adjacent offsets in both fields
+    for name, (core, n_major, (k_off, n_off)) in b_layouts(B.view(np.uint16)).items():
+        b_dev = cuda.to_device(np.ascontiguousarray(core).reshape(-1))
+        for lbo, sbo in ((k_off, n_off), (n_off, k_off)):
+            out.copy_to_device(np.full((64, 64), np.nan, np.float32))
+            probe_kernel[1, 128](a_dev, b_dev, lbo, sbo, n_major, out)
+            got = out.copy_to_host()
+            ok = bool(np.isfinite(got).all() and np.abs(got - want).max() <= 1e-4 * np.abs(want).max())
+            err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
+            checks[f"{name}_lbo{lbo}_sbo{sbo}"] = {"max_abs_err": err, "ok": ok}
+            if ok and good is None and not n_major:
+                good = (b_dev, lbo, sbo)
+    dev = cuda.get_current_device()
+    res = {"command": "python " + " ".join(sys.argv), "device": str(dev.name.decode() if isinstance(dev.name, bytes)
+                                                                   else dev.name),
            "commit": git_commit(a.commit), "checks": checks}
     if good:
-        lbo, sbo = (int(x[3:]) for x in good[0].split("_"))
-        sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+        b_dev, lbo, sbo = good
+        sms = dev.MULTIPROCESSOR_COUNT
         sink = cuda.device_array(4 * sms * 128, np.float32)
         loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, 8, sink)  # compile
         cuda.synchronize()
@@ -215,10 +234,11 @@ def main() -> None:
         loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, a.iters, sink)
         cuda.synchronize()
         dt = time.perf_counter() - t0
-        flops = 2 * 64 * 64 * 16 * a.iters * 4 * sms
-        # each wgmma here waits for the previous one (wait_group 0): a latency-bound lower bound
+        flops = 2 * 64 * 64 * 16 * (4 * a.iters + 1) * 4 * sms
+        # n64 tiles, one accumulator, 4 MMAs per commit/wait: a lower bound on the instruction's
+        # rate (FA3 keeps several in flight with larger N)
         res["loop"] = {"blocks": 4 * sms, "iters": a.iters, "ms": round(1e3 * dt, 3),
-                       "tflops_serial_wait": round(flops / dt / 1e12, 1)}
+                       "tflops": round(flops / dt / 1e12, 1)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps(res, indent=1))
