@@ -215,7 +215,9 @@ def test_prefill_chunk_causal(T, L):
     ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
     ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
-    ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32)] + [pytest.param(*c, marks=SIM_SLOW) for c in [  # tile in a page
+    ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
+    ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
+] + [pytest.param(*c, marks=SIM_SLOW) for c in [
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
