@@ -264,18 +264,17 @@ class CUDABackend:
         s = self.stream
         cache.sync(s)
         starts = list(range(0, n, chunk))
-        rows = [min(padded_rows(min(chunk, n - st)), chunk) for st in starts]  # rows of each chunk's pass
+        sizes = [min(chunk, n - st) for st in starts]  # tokens of each chunk
+        rows = [min(padded_rows(T), chunk) for T in sizes]  # rows of each chunk's pass
         pad = max(0, starts[-1] + rows[-1] - n)
         tok_dev = cuda.to_device(np.concatenate([tokens, np.zeros(pad, np.int64)]).astype(np.int32), stream=s)
         # [chunks, 2]: first position, valid tokens
-        pos_dev = cuda.to_device(np.array([(pos0 + st, min(chunk, n - st)) for st in starts], np.int32), stream=s)
-        capacity = cache.max_pages * cache.page_tokens
+        pos_dev = cuda.to_device(np.array([(pos0 + st, T) for st, T in zip(starts, sizes)], np.int32), stream=s)
         report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
-        for c, start in enumerate(starts):
-            T, R = min(chunk, n - start), rows[c]
+        for c, (start, T, R) in enumerate(zip(starts, sizes, rows)):
             last = c == len(starts) - 1
-            if R <= self.max_chunk and pos0 + start + R <= capacity:
+            if R <= self.max_chunk and pos0 + start + R <= cache.capacity:
                 # R rows (T tokens, then padding): graph replay, ids and position copied in. The
                 # padding's K/V land past the cache's length (pages it holds; unallocated ones
                 # are skipped) and are overwritten by the next tokens; no valid row attends to them.
@@ -382,7 +381,7 @@ class CUDABackend:
                 cache.calibrated[i] = True
             post_qkv(True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
-            at, plan_len = (pos, cache.max_pages * cache.page_tokens) if pos0 is None else (pos0, None)
+            at, plan_len = (pos, cache.capacity) if pos0 is None else (pos0, None)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
                                  prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)

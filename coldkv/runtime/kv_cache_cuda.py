@@ -100,6 +100,12 @@ class DevicePagedKVCache(PagedKVCache):
         # uploaded in stream order by the first sync(): a reused arena may still be read by work queued before
         self._dirty = self._fresh_scales = True
 
+    @property
+    def capacity(self) -> int:
+        """Tokens the pools hold (>= max_tokens): what graph-mode attention plans for, and where a
+        padded prefill pass may write."""
+        return self.max_pages * self.page_tokens
+
     def _new_pool(self, fmt: str) -> DevicePool:
         codes, scales = next(self._planes)
         return DevicePool(fmt, codes, scales, list(range(codes.shape[0] - 1, -1, -1)))
