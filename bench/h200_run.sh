@@ -4,7 +4,7 @@
 # Usage (device `run`, carry [".whl"]):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash bench/h200_run.sh <commit>
-# H200 at 6390c47 / a1a8206: tests ~235-260 s, decode grid ~60 s after them, codecs ~60 s, generate
+# H200 at 6390c47 / a1a8206: tests ~235-260 s (7e81a48: > 330 s, 123 of 124 done), decode grid ~60 s after them, codecs ~60 s, generate
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
 # A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
 # third, "prefill", adds bench/attention_prefill.py at T 2048 (~50 s) and bench/prefill_profile.py; a
@@ -12,9 +12,13 @@
 # after the tests.
 set -u
 C=${1:?commit}
+# The device returns at most 8 files: everything is written to a temporary folder, then the JSONs and
+# the pytest log are copied to $OUT with the rest in one tarball.
+FINAL_OUT=$OUT
+OUT=$(mktemp -d)
 B=${4:-570}  # seconds this script may take (generate and the profile only start if time is left)
 S=$(date +%s)
-timeout 330 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
+timeout 380 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
 T=$!
 timeout 420 python3 bench/attention_decode.py --commit "$C" --wait-pid $T --out "$OUT/attention_decode.json" > "$OUT/decode.log" 2>&1 &
 D=$!
@@ -49,3 +53,5 @@ grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -20
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
+cp "$OUT"/*.json "$OUT/gpu_pytest_$C.log" "$FINAL_OUT"/ 2>/dev/null
+tar czf "$FINAL_OUT/logs_$C.tgz" -C "$OUT" .
