@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from benchutil import git_commit  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
+from coldkv.numba_kernels import attention_mma as M  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4),
@@ -54,14 +55,17 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
 # the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register
 # cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks, "@p" software-pipelined
-# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off at 128 registers (bf16's setting before dd17991).
+# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off at 128 registers (bf16's setting before dd17991),
+# "@f8" / "@f8r0" the fp8 K product (attention_mma fp8k) at 128 registers / uncapped.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
        "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
-       "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128}}
+       "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128},
+       "f8": {"kernel": "mma", "mma_fp8k": True, "max_registers": 128},
+       "f8r0": {"kernel": "mma", "mma_fp8k": True, "max_registers": 0}}
 VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("nvfp4", "p"), ("int8", "p"), ("bf16", "pN")]}
+    ("nvfp4", "f8"), ("nvfp4", "f8r0"), ("nvfp4/iso3", "f8"), ("nvfp4", "p"), ("int8", "p"), ("bf16", "pN")]}
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
@@ -213,7 +217,18 @@ class Case:
         G = self.Hq // self.H
         q = self.q_t[0]
         eps = 0.0
-        if self.mma:  # the tensor-core kernel rounds q * sm_scale * log2(e) and p to 16 bits
+        fp8k = self.mma and self.kw.get("mma_fp8k") and M.supports_fp8k(self.kf, G, self.D)
+        if fp8k:  # q * sm_scale * log2(e) times a power of two per head, as two E4M3 parts
+            qs = np.float32(1.0 / math.sqrt(self.D) * A._LOG2E)
+            x = (q.float() * float(qs)).reshape(self.Hq, self.D)
+            m = x.abs().amax(dim=1, keepdim=True)
+            eb = (261 - ((m.view(torch.int32) >> 23) & 0xFF)).clamp(1, 253)
+            p2 = (eb << 23).view(torch.float32)
+            y = x * p2
+            hi = y.to(torch.float8_e4m3fn).float()
+            q = ((hi.double() + (y - hi).to(torch.float8_e4m3fn).double()) / p2.double() / float(qs)).reshape(q.shape)
+            eps = 2.0 ** -8 if self.vf == Q.BF16 else 2.0 ** -11
+        elif self.mma:  # the tensor-core kernel rounds q * sm_scale * log2(e) and p to 16 bits
             qs = float(np.float32(1.0 / math.sqrt(self.D) * A._LOG2E))
             q = (q * qs).to(torch.bfloat16 if self.kf == Q.BF16 else torch.float16).double() / qs
             eps = 2.0 ** -8 if self.vf == Q.BF16 else 2.0 ** -11
@@ -223,6 +238,9 @@ class Case:
         out = torch.einsum("hgl,hld->hgd", p, v).reshape(1, self.Hq, self.D)
         # bound on the 16-bit rounding of p: eps * (P |V|), 2x margin
         extra = 2 * eps * torch.einsum("hgl,hld->hgd", p, v.abs()).reshape(1, self.Hq, self.D)
+        if fp8k:  # fp8 MMAs add in fewer bits than fp32 (tests/test_attention_cuda.py references())
+            ds = 2.0 ** -10 * torch.einsum("hgd,hld->hgl", q.abs(), k.abs()).amax(dim=2) / math.sqrt(self.D)
+            extra = extra + (2 * ds * v.abs().max()).reshape(1, self.Hq, 1)
         return out, extra
 
     def free(self):

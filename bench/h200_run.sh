@@ -20,7 +20,7 @@ B=${4:-570}  # seconds this script may take (generate and the profile only start
 S=$(date +%s)
 timeout 380 python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider tests/ > "$OUT/gpu_pytest_$C.log" 2>&1 &
 T=$!
-timeout 420 python3 bench/attention_decode.py --commit "$C" --wait-pid $T --out "$OUT/attention_decode.json" > "$OUT/decode.log" 2>&1 &
+timeout 480 python3 bench/attention_decode.py --commit "$C" --wait-pid $T --out "$OUT/attention_decode.json" > "$OUT/decode.log" 2>&1 &
 D=$!
 if [ "${2:-}" != nocodecs ]; then
   timeout 480 python3 bench/codecs.py --commit "$C" --wait-pid $D --out "$OUT/codecs.json" > "$OUT/codecs.log" 2>&1

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
 
 from coldkv.numba_kernels import attention_cuda as A
+from coldkv.numba_kernels import attention_mma as M
 from coldkv.numba_kernels import quant as Q
 from coldkv.numba_kernels.attention import attention_reference
+from coldkv.numba_kernels.mma_ptx import SIMULATED
 
 FMTS = {"bf16": Q.BF16, "int8": Q.INT8, "nvfp4": Q.NVFP4, "iso3": Q.ISO3}
 
@@ -106,7 +109,8 @@ def _kernel_kw(kernel):
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
-            "mma_pipe": {"kernel": "mma", "mma_pipe": True}}.get(kernel, {"kernel": kernel})
+            "mma_pipe": {"kernel": "mma", "mma_pipe": True},
+            "mma_fp8": {"kernel": "mma", "mma_fp8k": True}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -115,14 +119,38 @@ def references(q, kd, vd, pos0, sm, kf, vf, kernel):
     fp16 (bf16 against bf16 V): the reference uses the same q, and the p rounding adds at most
     eps * (P |V|) to each output (relative rounding of every p; 2x margin)."""
     T, Hq, D = q.shape
-    if not A._use_mma(_kernel_kw(kernel)["kernel"], kf, vf, Hq // kd.shape[1], D):
+    G = Hq // kd.shape[1]
+    if not A._use_mma(_kernel_kw(kernel)["kernel"], kf, vf, G, D):
         return attention_reference(q, kd, vd, pos0, sm), dense_attention_f32(q, kd, vd, pos0, sm), 0.0
     qs = np.float32(sm * A._LOG2E)
-    q16 = _round_bf16(q * qs) if kf == Q.BF16 else (q * qs).astype(np.float16).astype(np.float32)
+    fp8k = _kernel_kw(kernel).get("mma_fp8k") and T == 1 and M.supports_fp8k(kf, G, D)
+    if fp8k:
+        q16 = _round_e4m3_pair(q * qs)
+    else:
+        q16 = _round_bf16(q * qs) if kf == Q.BF16 else (q * qs).astype(np.float16).astype(np.float32)
     q_eff = (q16.astype(np.float64) / np.float64(qs)).astype(np.float32)
     eps = 2.0 ** -8 if vf == Q.BF16 else 2.0 ** -11
     extra = 2 * eps * attention_reference(q_eff, kd, np.abs(vd), pos0, sm)
+    if fp8k and not SIMULATED:
+        # the fp8 tensor cores add k32 products in fewer bits than fp32 (~14 by public accounts of
+        # Hopper's fp8 MMA): each score within 2^-10 of sum_d |q_d k_d| (a wrong scale or group
+        # moves scores by O(1)); a softmax moves each output by <= max|ds| * 2 max|v|
+        qa = np.abs(q_eff).reshape(T, kd.shape[1], G, D)
+        ds = 2.0 ** -10 * sm * np.einsum("thgd,lhd->thgl", qa, np.abs(kd)).max(axis=3).reshape(T, Hq)
+        extra = extra + (2 * ds * np.abs(vd).max())[:, :, None]
     return attention_reference(q_eff, kd, vd, pos0, sm), dense_attention_f32(q_eff, kd, vd, pos0, sm), extra
+
+
+def _round_e4m3_pair(x):
+    """x [T, Hq, D] as the fp8k decode kernel holds it: per (token, head) a power of two 2^k with
+    max|x| 2^k < 256, then hi = e4m3(x 2^k), lo = e4m3(x 2^k - hi); returns (hi + lo) / 2^k."""
+    m = np.abs(x).max(axis=2, keepdims=True).astype(np.float32)
+    eb = np.clip(261 - ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64), 1, 253)
+    p2 = (eb.astype(np.uint32) << 23).view(np.float32)
+    y = (x * p2).astype(np.float32)
+    hi = y.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    lo = (y - hi).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return ((hi.astype(np.float64) + lo) / p2).astype(np.float32)
 
 
 def run_case(kf, vf, G, D, L, T=1, H=2, P=16, seed=0, ws=None, qscale=1.0, kernel="auto"):
@@ -217,6 +245,10 @@ def test_prefill_chunk_causal(T, L):
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
+    ("mma_fp8", "nvfp4", "int8", 4, 128, 1, 70, 16),  # the fp8 K product: 4 scale groups per step
+] + [pytest.param(*c, marks=SIM_SLOW) for c in [
+        ("mma_fp8", "nvfp4", "nvfp4", 2, 64, 1, 37, 8), ("mma_fp8", "nvfp4", "bf16", 3, 256, 1, 40, 16),
+        ("mma_fp8", "nvfp4", "iso3", 1, 128, 1, 130, 32)]
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
@@ -470,6 +502,16 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vname,G,D,P", [("nvfp4", 4, 128, 64), ("iso3", 4, 128, 16), ("int8", 2, 64, 32),
+                                         ("bf16", 1, 256, 64), ("nvfp4", 3, 128, 8)])
+def test_gpu_decode_fp8k(vname, G, D, P):
+    """The fp8 K product (nvfp4 keys on mma.m16n8k32.e4m3) on the device."""
+    res = run_case(Q.NVFP4, FMTS[vname], G=G, D=D, L=20000 + 33, H=2, P=P, seed=G * D + P,
+                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_fp8")
+    check(*res)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [
     ("bf16", "bf16", 2, 128, 200, 3000, 64), ("int8", "int8", 2, 128, 77, 2000, 64),
     ("nvfp4", "nvfp4", 2, 128, 512, 4100, 64), ("iso3", "iso3", 2, 128, 130, 1500, 32),
@@ -632,7 +674,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_fp8"])
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)
@@ -652,7 +694,7 @@ def test_gpu_decode_vs_sdpa_long(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_fp8"])
 def test_gpu_device_position_mode(kernel):
     ws = A.AttentionWorkspace(4096, 1, 32, 128)
     for dgot, igot, *refs in _devpos_cases(Q.NVFP4, Q.NVFP4, 4, 128, 30000, 8, 64,

@@ -41,9 +41,10 @@ from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from numba import types
 
+from coldkv.numba_kernels.fp import bits_f32, e4m3_dec, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldg2, ldg4, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16,
-    prmt)
+    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, f16x2_f32, ldg2, ldg4, lds4, mma_bf16, mma_e4m3, mma_f16, mul_f16x2,
+    pack_bf16, pack_e4m3x4, pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -88,8 +89,13 @@ def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
+def supports_fp8k(kf: int, G: int, D: int) -> bool:
+    """The fp8 K product (`fp8k`): nvfp4 keys, G <= 4, head_dim 64/128/256."""
+    return kf == NVFP4 and G <= 4 and D in (64, 128, 256)
+
+
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False):
+           pipe: bool = False, fp8k: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -114,6 +120,22 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
     pack_v = pack_bf16 if vf == BF16 else pack_f16
+    # fp8k: the K product on mma.m16n8k32.e4m3 (nvfp4 keys, G <= 4). An E2M1 nibble s|eem spread to
+    # the E4M3 byte s|00ee|m00 is its value x 2^-6 exactly, ~1 instruction per value. B = K^T as
+    # now (col = token gid; lane tig's k-slots of step s are word tig * WPL + s: its even nibbles in
+    # b0, its odd ones in b1), so a k32 step spans 4 scale groups, one per tig ("block" j = tig).
+    # The E4M3 group scales cannot sit inside the product, so A holds q once per (block j, head):
+    # row 4 j' + h (j' = j & 1; rows gid / gid + 8 are blocks j' / j' + 2), zero outside its block,
+    # and the fp32 C of the rows is scaled per (token, group) after every 2 steps (WPL even: steps
+    # 2 sp, 2 sp + 1 share each block's group). q is scaled per head by a power of two (|q| < 256)
+    # and split into two E4M3 parts, hi + lo (~8 significant bits, as bf16), one MMA each. The A
+    # fragments (the same for the block's warps) live in shared memory, one 16-byte load per MMA:
+    # in registers they were 32 more per thread at d 128 (ptxas: 229 uncapped, spills at 128).
+    F8 = bool(fp8k)
+    if F8 and not supports_fp8k(kf, G, D):
+        raise ValueError(f"attention_mma: fp8k needs nvfp4 keys, G <= 4, head_dim 64/128/256 (K={kf} G={G} D={D})")
+    HW = WPL // 2  # F8: groups per block of a lane
+    SMQ = WPL * 2 * 32 * 4 if F8 else 4  # F8: q's A fragments in shared memory [step, hi | lo, lane, 4]
     KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
     VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
@@ -137,8 +159,14 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     @cuda.jit(device=True, inline=True)
     def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
         """K of the chunk: lane holds (its part of) the row of token gid of each tile (clamped to
-        the page's last valid row; row r of the page at kb + r)."""
+        the page's last valid row; row r of the page at kb + r). F8: ksc[u, i, r] is the scale word
+        of token 2 tig + i holding the groups of rows gid (r = 0) / gid + 8 (r = 1)."""
         for u in range(NT):
+            if F8:
+                for i in range(2):
+                    srow = kb + min(c0 + 8 * u + 2 * tig + i, last)
+                    for r in range(2):
+                        ksc[u, i, r] = k_scales[IX(srow * SW + ((((gid >> 2) + 2 * r) * HW) >> 2))]
             row = kb + min(c0 + 8 * u + gid, last)
             if K4:
                 if WPL % 4 == 0:
@@ -153,9 +181,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                         a, b = ldg2(k_words, row * RWK + tig * WPL + 2 * m)
                         kreg[u, 2 * m] = a
                         kreg[u, 2 * m + 1] = b
-                w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
-                ksc[u, 0] = k_scales[IX(row * SW + w0)]
-                ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
+                if not F8:
+                    w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
+                    ksc[u, 0] = k_scales[IX(row * SW + w0)]
+                    ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
             elif kf == BF16:
                 for s in range(NS):
                     a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
@@ -232,6 +261,40 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             tok = c0 + 8 * u + 2 * tig
             sv[u, 0] = c_0 if tok < nval else _NEG_INF
             sv[u, 1] = c_1 if tok + 1 < nval else _NEG_INF
+
+    @cuda.jit(device=True, inline=True)
+    def scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid):
+        """F8's K phase: S[g, tok] of the chunk's 8-token tiles into sv (-inf past nval); rows gid
+        and gid ^ 4 (the same head) end with the same sums."""
+        j0 = gid >> 2
+        lane = 4 * gid + tig
+        for u in range(NT):
+            a0 = f32(0.0)
+            a1 = f32(0.0)
+            for sp in range(HW):
+                c_0 = f32(0.0)
+                c_1 = f32(0.0)
+                c_2 = f32(0.0)
+                c_3 = f32(0.0)
+                for s in range(2 * sp, 2 * sp + 2):
+                    w = kreg[u, s]
+                    b0 = ((w << 2) & u32(0x1C1C1C1C)) | ((w << 4) & u32(0x80808080))  # even nibbles
+                    b1 = ((w >> 2) & u32(0x1C1C1C1C)) | (w & u32(0x80808080))  # odd nibbles
+                    h0, h1, h2, h3 = lds4(sm_q, (2 * s * 32 + lane) * 4)
+                    c_0, c_1, c_2, c_3 = mma_e4m3(h0, h1, h2, h3, b0, b1, c_0, c_1, c_2, c_3)
+                    l0, l1, l2, l3 = lds4(sm_q, ((2 * s + 1) * 32 + lane) * 4)
+                    c_0, c_1, c_2, c_3 = mma_e4m3(l0, l1, l2, l3, b0, b1, c_0, c_1, c_2, c_3)
+                b = u32((j0 * HW + sp) & 3)  # the groups' bytes (block j0 | j0 + 2) in ksc[u, i, 0 | 1]
+                b2 = u32(((j0 + 2) * HW + sp) & 3)
+                s0, s1 = f16x2_f32(e4m3x2(ksc[u, 0, 0], ksc[u, 1, 0], b | ((b + 4) << 4)))
+                s2, s3 = f16x2_f32(e4m3x2(ksc[u, 0, 1], ksc[u, 1, 1], b2 | ((b2 + 4) << 4)))
+                a0 += c_0 * s0 + c_2 * s2
+                a1 += c_1 * s1 + c_3 * s3
+            a0 += cuda.shfl_xor_sync(0xFFFFFFFF, a0, 16)  # blocks j0 ^ 1 (the other half of the rows)
+            a1 += cuda.shfl_xor_sync(0xFFFFFFFF, a1, 16)
+            tok = c0 + 8 * u + 2 * tig
+            sv[u, 0] = a0 * kc if tok < nval else _NEG_INF
+            sv[u, 1] = a1 * kc if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
     def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid):
@@ -372,6 +435,43 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             qa0[s] = pack_k(x0, x1)
             qa1[s] = pack_k(x2, x3)
 
+        sm_q = cuda.shared.array(SMQ, np.uint32)
+        if F8:
+            hh = gid & 3  # the head of rows gid, gid + 8
+            mq = f32(0.0)
+            for g in range(G):
+                m = f32(0.0)
+                for i in range(lane, D, 32):
+                    m = max(m, abs(q[t, hq0 + g, i]))
+                for o in range(5):
+                    m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, 16 >> o))
+                if g == hh:
+                    mq = m
+            # 2^k (biased exponent eb) with mq * qscale * 2^k < 256
+            eb = min(max(261 - ((f32_bits(mq * qscale) >> 23) & 0xFF), 1), 253)
+            q2 = bits_f32(eb << 23)
+            kc = (f32(64.0) / gscale[0, h]) * bits_f32((254 - eb) << 23)  # the spread's 2^-6 and 2^-k undone
+            j0 = gid >> 2
+            for s in range(WPL if warp == 0 else 0):
+                for r in range(2):  # rows gid | gid + 8: block j0 | j0 + 2
+                    j = j0 + 2 * r
+                    for half in range(2):  # b0 (even dims of the word) | b1 (odd dims)
+                        x0 = f32(0.0)
+                        x1 = f32(0.0)
+                        x2 = f32(0.0)
+                        x3 = f32(0.0)
+                        if tig == j and hh < G:
+                            d0 = 8 * (j * WPL + s) + half
+                            x0 = q[t, hq0 + hh, d0] * qscale * q2
+                            x1 = q[t, hq0 + hh, d0 + 2] * qscale * q2
+                            x2 = q[t, hq0 + hh, d0 + 4] * qscale * q2
+                            x3 = q[t, hq0 + hh, d0 + 6] * qscale * q2
+                        hi = pack_e4m3x4(x0, x1, x2, x3)
+                        sm_q[(2 * s * 32 + lane) * 4 + r + 2 * half] = hi
+                        sm_q[((2 * s + 1) * 32 + lane) * 4 + r + 2 * half] = pack_e4m3x4(
+                            x0 - e4m3_dec(hi & 0xFF), x1 - e4m3_dec((hi >> 8) & 0xFF),
+                            x2 - e4m3_dec((hi >> 16) & 0xFF), x3 - e4m3_dec(hi >> 24))
+            cuda.syncthreads()
         acc = cuda.local.array((NS, 4), np.float32)  # O^T fragments: (row d, col g 2tig | 2tig+1)
         for j in range(NS):
             for i in range(4):
@@ -379,7 +479,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         m_run = _NEG_INF  # of row g = gid
         l_run = f32(0.0)  # this lane's share of row gid's sum
         kreg = cuda.local.array((NT, KW), np.uint32)
-        ksc = cuda.local.array((NT, 2), np.uint32)
+        ksc = cuda.local.array((NT, 2, 2) if F8 else (NT, 2), np.uint32)
         krs = cuda.local.array((NT, 2), np.float32)
         sv = cuda.local.array((NT, 2), np.float32)
         vreg = cuda.local.array((NT2, 4, VW), np.uint32)
@@ -402,7 +502,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
-                scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                if F8:
+                    scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid)
+                else:
+                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
                 p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
                 if c1 >= nval:
                     c1 = 0
@@ -426,7 +529,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 nval = min(P, L - p * P)
                 for c0 in range(0, nval, CH):
                     load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
-                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                    if F8:
+                        scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid)
+                    else:
+                        scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
                     m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
@@ -484,8 +590,8 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe))
+               u64: bool = True, pipe: bool = False, fp8k: bool = False):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(fp8k))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -510,7 +616,10 @@ def _ptx_signatures():
             (get_kernel(INT8, NVFP4, 4, 128, u64=False), kernel_sig(INT8, NVFP4)),
             (get_kernel(ISO3, INT8, 2, 64, True), kernel_sig(ISO3, INT8, True)),
             (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),
-            (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3))]
+            (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True, fp8k=True), kernel_sig(NVFP4, NVFP4, True)),
+            (get_kernel(NVFP4, INT8, 2, 64, fp8k=True), kernel_sig(NVFP4, INT8)),
+            (get_kernel(NVFP4, BF16, 1, 256, fp8k=True), kernel_sig(NVFP4, BF16))]
     return out
 
 
