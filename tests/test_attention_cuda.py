@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda
@@ -23,7 +22,6 @@ from coldkv.numba_kernels import attention_cuda as A
 from coldkv.numba_kernels import attention_mma as M
 from coldkv.numba_kernels import quant as Q
 from coldkv.numba_kernels.attention import attention_reference
-from coldkv.numba_kernels.mma_ptx import SIMULATED
 
 FMTS = {"bf16": Q.BF16, "int8": Q.INT8, "nvfp4": Q.NVFP4, "iso3": Q.ISO3}
 
@@ -110,7 +108,7 @@ def _kernel_kw(kernel):
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
-            "mma_fp8": {"kernel": "mma", "mma_fp8k": True}}.get(kernel, {"kernel": kernel})
+            "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -123,34 +121,31 @@ def references(q, kd, vd, pos0, sm, kf, vf, kernel):
     if not A._use_mma(_kernel_kw(kernel)["kernel"], kf, vf, G, D):
         return attention_reference(q, kd, vd, pos0, sm), dense_attention_f32(q, kd, vd, pos0, sm), 0.0
     qs = np.float32(sm * A._LOG2E)
-    fp8k = _kernel_kw(kernel).get("mma_fp8k") and T == 1 and M.supports_fp8k(kf, G, D)
-    if fp8k:
-        q16 = _round_e4m3_pair(q * qs)
+    kw = _kernel_kw(kernel)
+    decode_kernel = kw.get("mma_prefill") is False or (kw.get("mma_prefill") is None and T == 1)
+    if decode_kernel and kw.get("mma_k8", True) and M.supports_k8(kf, G, D):
+        q16 = _round_int16(q * qs)
     else:
         q16 = _round_bf16(q * qs) if kf == Q.BF16 else (q * qs).astype(np.float16).astype(np.float32)
     q_eff = (q16.astype(np.float64) / np.float64(qs)).astype(np.float32)
     eps = 2.0 ** -8 if vf == Q.BF16 else 2.0 ** -11
     extra = 2 * eps * attention_reference(q_eff, kd, np.abs(vd), pos0, sm)
-    if fp8k and not SIMULATED:
-        # the fp8 tensor cores add k32 products in fewer bits than fp32 (~14 by public accounts of
-        # Hopper's fp8 MMA): each score within 2^-10 of sum_d |q_d k_d| (a wrong scale or group
-        # moves scores by O(1)); a softmax moves each output by <= max|ds| * 2 max|v|
-        qa = np.abs(q_eff).reshape(T, kd.shape[1], G, D)
-        ds = 2.0 ** -10 * sm * np.einsum("thgd,lhd->thgl", qa, np.abs(kd)).max(axis=3).reshape(T, Hq)
-        extra = extra + (2 * ds * np.abs(vd).max())[:, :, None]
     return attention_reference(q_eff, kd, vd, pos0, sm), dense_attention_f32(q_eff, kd, vd, pos0, sm), extra
 
 
-def _round_e4m3_pair(x):
-    """x [T, Hq, D] as the fp8k decode kernel holds it: per (token, head) a power of two 2^k with
-    max|x| 2^k < 256, then hi = e4m3(x 2^k), lo = e4m3(x 2^k - hi); returns (hi + lo) / 2^k."""
+def _pow2_for(x, below_log2):
+    """Per (token, head) of x [T, Hq, D]: the power of two 2^k with max|x| 2^k < 2^below_log2, as the
+    k8 decode kernel picks it (from the float32 exponent of the max)."""
     m = np.abs(x).max(axis=2, keepdims=True).astype(np.float32)
-    eb = np.clip(261 - ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64), 1, 253)
-    p2 = (eb.astype(np.uint32) << 23).view(np.float32)
-    y = (x * p2).astype(np.float32)
-    hi = y.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    lo = (y - hi).astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-    return ((hi.astype(np.float64) + lo) / p2).astype(np.float32)
+    eb = np.clip(253 + below_log2 - ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64), 1, 253)
+    return (eb.astype(np.uint32) << 23).view(np.float32)
+
+
+def _round_int16(x):
+    """x as the decode kernel holds it for int8 keys (k8): round(x 2^k) with max|x| 2^k < 2^14, divided
+    back."""
+    p2 = _pow2_for(x, 14)
+    return (np.rint((x * p2).astype(np.float32)).astype(np.float64) / p2).astype(np.float32)
 
 
 def run_case(kf, vf, G, D, L, T=1, H=2, P=16, seed=0, ws=None, qscale=1.0, kernel="auto"):
@@ -245,10 +240,11 @@ def test_prefill_chunk_causal(T, L):
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
-    ("mma_fp8", "nvfp4", "int8", 4, 128, 1, 70, 16),  # the fp8 K product: 4 scale groups per step
+    ("mma", "int8", "nvfp4", 4, 128, 1, 50, 16),  # int8 keys on s8 MMAs (k8)
+    ("mma_k8off", "int8", "bf16", 2, 64, 1, 37, 8),  # int8 keys decoded to fp16
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
-        ("mma_fp8", "nvfp4", "nvfp4", 2, 64, 1, 37, 8), ("mma_fp8", "nvfp4", "bf16", 3, 256, 1, 40, 16),
-        ("mma_fp8", "nvfp4", "iso3", 1, 128, 1, 130, 32)]
+        ("mma", "int8", "int8", 8, 64, 1, 37, 8), ("mma", "int8", "bf16", 1, 256, 1, 40, 16),
+        ("mma_tok", "int8", "iso3", 3, 64, 5, 30, 16)]  # k8 with several query tokens
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
@@ -502,12 +498,13 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vname,G,D,P", [("nvfp4", 4, 128, 64), ("iso3", 4, 128, 16), ("int8", 2, 64, 32),
-                                         ("bf16", 1, 256, 64), ("nvfp4", 3, 128, 8)])
-def test_gpu_decode_fp8k(vname, G, D, P):
-    """The fp8 K product (nvfp4 keys on mma.m16n8k32.e4m3) on the device."""
-    res = run_case(Q.NVFP4, FMTS[vname], G=G, D=D, L=20000 + 33, H=2, P=P, seed=G * D + P,
-                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_fp8")
+@pytest.mark.parametrize("kernel", ["mma", "mma_k8off"])
+@pytest.mark.parametrize("vname,G,D,P", [("int8", 4, 128, 64), ("nvfp4", 8, 64, 16), ("bf16", 6, 256, 32),
+                                         ("iso3", 3, 128, 8)])
+def test_gpu_decode_int8_keys(vname, G, D, P, kernel):
+    """int8 keys on s8 tensor cores (k8, the default) and decoded to fp16, on the device."""
+    res = run_case(Q.INT8, FMTS[vname], G=G, D=D, L=20000 + 33, H=2, P=P, seed=G * D + P,
+                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel=kernel)
     check(*res)
 
 
@@ -674,7 +671,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_fp8"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)
@@ -694,7 +691,7 @@ def test_gpu_decode_vs_sdpa_long(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_fp8"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_gpu_device_position_mode(kernel):
     ws = A.AttentionWorkspace(4096, 1, 32, 128)
     for dgot, igot, *refs in _devpos_cases(Q.NVFP4, Q.NVFP4, 4, 128, 30000, 8, 64,

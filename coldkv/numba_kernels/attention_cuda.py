@@ -684,7 +684,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None, mma_pipe=None, mma_fp8k=False, prefill_scratch=None):
+                         mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -709,9 +709,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_mtiles (m-tiles per warp of "rows") / mma_warps: tuning knobs of the benchmark
-    (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_fp8k: the decode kernel's
-    K product on fp8 tensor cores where `attention_mma.supports_fp8k` (nvfp4 keys, G <= 4; q split
-    into two E4M3 parts), else ignored.
+    (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
+    K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
+    integer per head in two int8 parts), else ignored.
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -784,13 +784,13 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
 
         if not mma_tiles and max_registers is None and mma_pipe is None:
             mma_tiles, max_registers, mma_pipe = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False))
-        fp8k = bool(mma_fp8k) and attention_mma.supports_fp8k(k_fmt, G, D)
+        k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, bool(mma_pipe),
-                                        fp8k)
+                                        k8)
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              bool(mma_pipe), fp8k)
+                                              bool(mma_pipe), k8)
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)

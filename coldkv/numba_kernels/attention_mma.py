@@ -25,6 +25,8 @@ times 2^14 by mul.f16x2 (exact; keeps the operands normal fp16); ISO3 nibble s|m
 (byte_perm); bf16 codes are bf16 operands as stored. The global scales (1/g) are folded into the
 shared E4M3 table (K) and one multiply at the end (V). Only q and p are rounded to 16 bits (fp16,
 or bf16 where the other operand is bf16), as in flash attention; accumulation is fp32.
+int8 keys are not decoded at all (`k8`, the default): their K product runs on the integer tensor
+cores (mma.m16n8k32.s8, exact int32 sums) with q as a 16-bit integer per head in two int8 rows.
 
 This file is the decode kernel (one query token per warp-split); the prefill kernels (query
 tokens on the MMA rows) are in attention_prefill.py, the inline-PTX primitives and their
@@ -41,10 +43,10 @@ from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from numba import types
 
-from coldkv.numba_kernels.fp import bits_f32, e4m3_dec, f32_bits
+from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, f16x2_f32, ldg2, ldg4, lds4, mma_bf16, mma_e4m3, mma_f16, mul_f16x2,
-    pack_bf16, pack_e4m3x4, pack_f16, prmt)
+    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldg2, ldg4, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16,
+    pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -89,13 +91,13 @@ def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
-def supports_fp8k(kf: int, G: int, D: int) -> bool:
-    """The fp8 K product (`fp8k`): nvfp4 keys, G <= 4, head_dim 64/128/256."""
-    return kf == NVFP4 and G <= 4 and D in (64, 128, 256)
+def supports_k8(kf: int, G: int, D: int) -> bool:
+    """The K product on 8-bit integer tensor cores (`k8`): int8 keys (G <= 8, as `supports`)."""
+    return kf == INT8 and G <= 8 and D % 64 == 0 and D <= 256
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, fp8k: bool = False):
+           pipe: bool = False, k8: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -120,22 +122,14 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
     pack_v = pack_bf16 if vf == BF16 else pack_f16
-    # fp8k: the K product on mma.m16n8k32.e4m3 (nvfp4 keys, G <= 4). An E2M1 nibble s|eem spread to
-    # the E4M3 byte s|00ee|m00 is its value x 2^-6 exactly, ~1 instruction per value. B = K^T as
-    # now (col = token gid; lane tig's k-slots of step s are word tig * WPL + s: its even nibbles in
-    # b0, its odd ones in b1), so a k32 step spans 4 scale groups, one per tig ("block" j = tig).
-    # The E4M3 group scales cannot sit inside the product, so A holds q once per (block j, head):
-    # row 4 j' + h (j' = j & 1; rows gid / gid + 8 are blocks j' / j' + 2), zero outside its block,
-    # and the fp32 C of the rows is scaled per (token, group) after every 2 steps (WPL even: steps
-    # 2 sp, 2 sp + 1 share each block's group). q is scaled per head by a power of two (|q| < 256)
-    # and split into two E4M3 parts, hi + lo (~8 significant bits, as bf16), one MMA each. The A
-    # fragments (the same for the block's warps) live in shared memory, one 16-byte load per MMA:
-    # in registers they were 32 more per thread at d 128 (ptxas: 229 uncapped, spills at 128).
-    F8 = bool(fp8k)
-    if F8 and not supports_fp8k(kf, G, D):
-        raise ValueError(f"attention_mma: fp8k needs nvfp4 keys, G <= 4, head_dim 64/128/256 (K={kf} G={G} D={D})")
-    HW = WPL // 2  # F8: groups per block of a lane
-    SMQ = WPL * 2 * 32 * 4 if F8 else 4  # F8: q's A fragments in shared memory [step, hi | lo, lane, 4]
+    # k8, int8 keys: mma.m16n8k32.s32.s8.s8 on the int8 codes as stored (no decode; lane tig's step s
+    # is its words 2 s, 2 s + 1). q per head x 2^k rounded to an integer q16 (|q16| <= 2^14) and split
+    # as q16 = 256 hi + lo (hi, lo int8): rows gid (hi) and gid + 8 (lo) of head gid, so one MMA per
+    # k32 step; the exact int32 sums give 256 c_hi + c_lo, times the row scale and 2^-k.
+    if k8 and not supports_k8(kf, G, D):
+        raise ValueError(f"attention_mma: k8 needs int8 keys (K={kf})")
+    I8 = bool(k8)
+    QA8 = (NS // 2, 4)
     KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
     VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
@@ -147,6 +141,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
+    i32 = np.int32
 
     @cuda.jit(device=True, inline=True)
     def dec_k(x, a):
@@ -159,14 +154,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     @cuda.jit(device=True, inline=True)
     def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
         """K of the chunk: lane holds (its part of) the row of token gid of each tile (clamped to
-        the page's last valid row; row r of the page at kb + r). F8: ksc[u, i, r] is the scale word
-        of token 2 tig + i holding the groups of rows gid (r = 0) / gid + 8 (r = 1)."""
+        the page's last valid row; row r of the page at kb + r)."""
         for u in range(NT):
-            if F8:
-                for i in range(2):
-                    srow = kb + min(c0 + 8 * u + 2 * tig + i, last)
-                    for r in range(2):
-                        ksc[u, i, r] = k_scales[IX(srow * SW + ((((gid >> 2) + 2 * r) * HW) >> 2))]
             row = kb + min(c0 + 8 * u + gid, last)
             if K4:
                 if WPL % 4 == 0:
@@ -181,22 +170,22 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                         a, b = ldg2(k_words, row * RWK + tig * WPL + 2 * m)
                         kreg[u, 2 * m] = a
                         kreg[u, 2 * m + 1] = b
-                if not F8:
-                    w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
-                    ksc[u, 0] = k_scales[IX(row * SW + w0)]
-                    ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
+                w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
+                ksc[u, 0] = k_scales[IX(row * SW + w0)]
+                ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
             elif kf == BF16:
                 for s in range(NS):
                     a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
                     kreg[u, 2 * s] = a
                     kreg[u, 2 * s + 1] = b
             else:
+                fl = u32(0) if I8 else u32(0x80808080)  # the fp16 decode's offset; s8 MMAs take the codes
                 for m in range(NS // 4):
                     a, b, c, d = ldg4(k_words, row * RWK + tig * NS + 4 * m)
-                    kreg[u, 4 * m] = a ^ u32(0x80808080)
-                    kreg[u, 4 * m + 1] = b ^ u32(0x80808080)
-                    kreg[u, 4 * m + 2] = c ^ u32(0x80808080)
-                    kreg[u, 4 * m + 3] = d ^ u32(0x80808080)
+                    kreg[u, 4 * m] = a ^ fl
+                    kreg[u, 4 * m + 1] = b ^ fl
+                    kreg[u, 4 * m + 2] = c ^ fl
+                    kreg[u, 4 * m + 3] = d ^ fl
                 for i in range(2):  # row scales of the tokens of this lane's columns
                     krs[u, i] = k_scales[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
 
@@ -263,38 +252,21 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             sv[u, 1] = c_1 if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
-    def scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid):
-        """F8's K phase: S[g, tok] of the chunk's 8-token tiles into sv (-inf past nval); rows gid
-        and gid ^ 4 (the same head) end with the same sums."""
-        j0 = gid >> 2
-        lane = 4 * gid + tig
+    def scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig):
+        """I8's K phase: S[g, tok] of the chunk's 8-token tiles into sv (-inf past nval)."""
         for u in range(NT):
-            a0 = f32(0.0)
-            a1 = f32(0.0)
-            for sp in range(HW):
-                c_0 = f32(0.0)
-                c_1 = f32(0.0)
-                c_2 = f32(0.0)
-                c_3 = f32(0.0)
-                for s in range(2 * sp, 2 * sp + 2):
-                    w = kreg[u, s]
-                    b0 = ((w << 2) & u32(0x1C1C1C1C)) | ((w << 4) & u32(0x80808080))  # even nibbles
-                    b1 = ((w >> 2) & u32(0x1C1C1C1C)) | (w & u32(0x80808080))  # odd nibbles
-                    h0, h1, h2, h3 = lds4(sm_q, (2 * s * 32 + lane) * 4)
-                    c_0, c_1, c_2, c_3 = mma_e4m3(h0, h1, h2, h3, b0, b1, c_0, c_1, c_2, c_3)
-                    l0, l1, l2, l3 = lds4(sm_q, ((2 * s + 1) * 32 + lane) * 4)
-                    c_0, c_1, c_2, c_3 = mma_e4m3(l0, l1, l2, l3, b0, b1, c_0, c_1, c_2, c_3)
-                b = u32((j0 * HW + sp) & 3)  # the groups' bytes (block j0 | j0 + 2) in ksc[u, i, 0 | 1]
-                b2 = u32(((j0 + 2) * HW + sp) & 3)
-                s0, s1 = f16x2_f32(e4m3x2(ksc[u, 0, 0], ksc[u, 1, 0], b | ((b + 4) << 4)))
-                s2, s3 = f16x2_f32(e4m3x2(ksc[u, 0, 1], ksc[u, 1, 1], b2 | ((b2 + 4) << 4)))
-                a0 += c_0 * s0 + c_2 * s2
-                a1 += c_1 * s1 + c_3 * s3
-            a0 += cuda.shfl_xor_sync(0xFFFFFFFF, a0, 16)  # blocks j0 ^ 1 (the other half of the rows)
-            a1 += cuda.shfl_xor_sync(0xFFFFFFFF, a1, 16)
-            tok = c0 + 8 * u + 2 * tig
-            sv[u, 0] = a0 * kc if tok < nval else _NEG_INF
-            sv[u, 1] = a1 * kc if tok + 1 < nval else _NEG_INF
+            i_0 = i32(0)
+            i_1 = i32(0)
+            i_2 = i32(0)
+            i_3 = i32(0)
+            for s in range(NS // 2):
+                i_0, i_1, i_2, i_3 = mma_s8(qa8[s, 0], qa8[s, 1], qa8[s, 2], qa8[s, 3], kreg[u, 2 * s],
+                                            kreg[u, 2 * s + 1], i_0, i_1, i_2, i_3)
+            tok = c0 + 8 * u + 2 * tig  # c_0 | c_2: q's hi | lo rows of head gid, token 2 tig (c_1 | c_3: + 1)
+            x0 = f32(i_0 * i32(256) + i_2) * krs[u, 0] * kc
+            x1 = f32(i_1 * i32(256) + i_3) * krs[u, 1] * kc
+            sv[u, 0] = x0 if tok < nval else _NEG_INF
+            sv[u, 1] = x1 if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
     def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid):
@@ -435,9 +407,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             qa0[s] = pack_k(x0, x1)
             qa1[s] = pack_k(x2, x3)
 
-        sm_q = cuda.shared.array(SMQ, np.uint32)
-        if F8:
-            hh = gid & 3  # the head of rows gid, gid + 8
+        qa8 = cuda.local.array(QA8, np.uint32)  # I8: A of each k32 step (hi, lo, hi, lo)
+        if I8:
             mq = f32(0.0)
             for g in range(G):
                 m = f32(0.0)
@@ -445,33 +416,25 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     m = max(m, abs(q[t, hq0 + g, i]))
                 for o in range(5):
                     m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, 16 >> o))
-                if g == hh:
+                if g == gid:
                     mq = m
-            # 2^k (biased exponent eb) with mq * qscale * 2^k < 256
-            eb = min(max(261 - ((f32_bits(mq * qscale) >> 23) & 0xFF), 1), 253)
+            # 2^k (biased exponent eb) with mq * qscale * 2^k < 2^14
+            eb = min(max(267 - ((f32_bits(mq * qscale) >> 23) & 0xFF), 1), 253)
             q2 = bits_f32(eb << 23)
-            kc = (f32(64.0) / gscale[0, h]) * bits_f32((254 - eb) << 23)  # the spread's 2^-6 and 2^-k undone
-            j0 = gid >> 2
-            for s in range(WPL if warp == 0 else 0):
-                for r in range(2):  # rows gid | gid + 8: block j0 | j0 + 2
-                    j = j0 + 2 * r
-                    for half in range(2):  # b0 (even dims of the word) | b1 (odd dims)
-                        x0 = f32(0.0)
-                        x1 = f32(0.0)
-                        x2 = f32(0.0)
-                        x3 = f32(0.0)
-                        if tig == j and hh < G:
-                            d0 = 8 * (j * WPL + s) + half
-                            x0 = q[t, hq0 + hh, d0] * qscale * q2
-                            x1 = q[t, hq0 + hh, d0 + 2] * qscale * q2
-                            x2 = q[t, hq0 + hh, d0 + 4] * qscale * q2
-                            x3 = q[t, hq0 + hh, d0 + 6] * qscale * q2
-                        hi = pack_e4m3x4(x0, x1, x2, x3)
-                        sm_q[(2 * s * 32 + lane) * 4 + r + 2 * half] = hi
-                        sm_q[((2 * s + 1) * 32 + lane) * 4 + r + 2 * half] = pack_e4m3x4(
-                            x0 - e4m3_dec(hi & 0xFF), x1 - e4m3_dec((hi >> 8) & 0xFF),
-                            x2 - e4m3_dec((hi >> 16) & 0xFF), x3 - e4m3_dec(hi >> 24))
-            cuda.syncthreads()
+            kc = bits_f32((254 - eb) << 23)
+            for s in range(NS // 2):
+                for half in range(2):  # k-slots 4 tig .. (word tig NS + 2 s) | 16 + 4 tig .. (the next word)
+                    hi = u32(0)
+                    lo = u32(0)
+                    if gid < G:
+                        d0 = 4 * (tig * NS + 2 * s + half)
+                        for i in range(4):
+                            v = f32_bits(q[t, hq0 + gid, d0 + i] * qscale * q2 + f32(12582912.0)) - 0x4B400000
+                            vh = (v + 128) >> 8  # q16 = 256 vh + vl, vl in [-128, 127]
+                            hi |= u32((vh & 0xFF) << (8 * i))
+                            lo |= u32(((v - (vh << 8)) & 0xFF) << (8 * i))
+                    qa8[s, 2 * half] = hi
+                    qa8[s, 2 * half + 1] = lo
         acc = cuda.local.array((NS, 4), np.float32)  # O^T fragments: (row d, col g 2tig | 2tig+1)
         for j in range(NS):
             for i in range(4):
@@ -479,7 +442,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         m_run = _NEG_INF  # of row g = gid
         l_run = f32(0.0)  # this lane's share of row gid's sum
         kreg = cuda.local.array((NT, KW), np.uint32)
-        ksc = cuda.local.array((NT, 2, 2) if F8 else (NT, 2), np.uint32)
+        ksc = cuda.local.array((NT, 2), np.uint32)
         krs = cuda.local.array((NT, 2), np.float32)
         sv = cuda.local.array((NT, 2), np.float32)
         vreg = cuda.local.array((NT2, 4, VW), np.uint32)
@@ -502,8 +465,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
-                if F8:
-                    scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid)
+                if I8:
+                    scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig)
                 else:
                     scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
                 p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
@@ -529,8 +492,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 nval = min(P, L - p * P)
                 for c0 in range(0, nval, CH):
                     load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
-                    if F8:
-                        scores_f8(sm_q, kreg, ksc, sv, kc, c0, nval, tig, gid)
+                    if I8:
+                        scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig)
                     else:
                         scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
@@ -590,8 +553,8 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False, fp8k: bool = False):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(fp8k))
+               u64: bool = True, pipe: bool = False, k8: bool = False):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -617,9 +580,8 @@ def _ptx_signatures():
             (get_kernel(ISO3, INT8, 2, 64, True), kernel_sig(ISO3, INT8, True)),
             (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),
             (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, True, fp8k=True), kernel_sig(NVFP4, NVFP4, True)),
-            (get_kernel(NVFP4, INT8, 2, 64, fp8k=True), kernel_sig(NVFP4, INT8)),
-            (get_kernel(NVFP4, BF16, 1, 256, fp8k=True), kernel_sig(NVFP4, BF16))]
+            (get_kernel(INT8, INT8, 4, 128, True, k8=True), kernel_sig(INT8, INT8, True)),
+            (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4))]
     return out
 
 

@@ -28,17 +28,11 @@ _MMA = "mma.sync.aligned.m16n8k16.row.col.f32.{0}.{0}.f32 {{$0,$1,$2,$3}}, {{$4,
 _MMA_C = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
 mma_f16 = _asm(_MMA.format("f16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
 mma_bf16 = _asm(_MMA.format("bf16"), _MMA_C, types.UniTuple(_f32, 4), (_u32,) * 6 + (_f32,) * 4)
-# m16n8k32 with E4M3 A and B (sm_89+): each register holds 4 bytes, A (row gid | gid + 8, k 4 tig ..
-# + 3 | + 16), B (k 4 tig .. + 3 | + 16, col gid), C as m16n8k16's
-mma_e4m3 = _asm(_MMA.replace("m16n8k16", "m16n8k32").format("e4m3"), _MMA_C, types.UniTuple(_f32, 4),
-                (_u32,) * 6 + (_f32,) * 4)
-# four float32 -> E4M3 bytes (round to nearest even, saturating at +-448), x0 in the low byte
-pack_e4m3x4 = _asm("{.reg .b16 l, h;\n cvt.rn.satfinite.e4m3x2.f32 l, $2, $1;\n"
-                   " cvt.rn.satfinite.e4m3x2.f32 h, $4, $3;\n mov.b32 $0, {l, h};}",
-                   "=r,f,f,f,f", _u32, (_f32,) * 4)
-# fp16x2 -> its two halves as float32 (low, high)
-f16x2_f32 = _asm("{.reg .b16 l, h;\n mov.b32 {l, h}, $2;\n cvt.f32.f16 $0, l;\n cvt.f32.f16 $1, h;}",
-                 "=f,=f,r", types.UniTuple(_f32, 2), (_u32,))
+# m16n8k32 with s8 A and B, s32 accumulation: each register holds 4 bytes, A (row gid | gid + 8,
+# k 4 tig .. + 3 | + 16), B (k 4 tig .. + 3 | + 16, col gid), C as m16n8k16's (native IMMA on sm_90;
+# its fp8 sibling .e4m3 is not: ptxas 13.0 unpacks E4M3 to fp16 and runs HMMAs there)
+mma_s8 = _asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+              "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", types.UniTuple(types.int32, 4), (_u32,) * 6 + (types.int32,) * 4)
 # cvt.rn.{f16,bf16}x2.f32 d, a, b puts a in the upper half: pack(lo, hi)
 pack_f16 = _asm("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
 pack_bf16 = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
@@ -169,22 +163,6 @@ def _ldsm(trans):
 
 ldsm_x4 = _ldsm(False)
 ldsm_x4_t = _ldsm(True)
-
-
-@intrinsic
-def lds4(typingctx, arr, idx):
-    """ld.shared.v4.u32 of arr[idx .. idx + 4) (idx a multiple of 4); volatile, so a loop-invariant
-    load stays in the loop (the registers it would hold are the point of keeping it in shared)."""
-    ret = types.UniTuple(_u32, 4)
-
-    def codegen(context, builder, sig, args):
-        addr = _smem_ptr(context, builder, sig.args[0], args[0], context.cast(builder, args[1], sig.args[1], types.uint32))
-        rt = ir.LiteralStructType([ir.IntType(32)] * 4)
-        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [ir.IntType(32)]), "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
-                                      "=r,=r,=r,=r,r,~{memory}", side_effect=True), [addr])
-        return context.make_tuple(builder, ret, [builder.extract_value(r, k) for k in range(4)])
-
-    return ret(arr, idx), codegen
 
 
 @intrinsic
@@ -412,36 +390,29 @@ def _sim_mma(conv):
     return mma
 
 
-def _sim_mma_e4m3(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32: lane (gid, tig) holds A bytes (row gid
-    | gid + 8 in a0 | a1 and a2 | a3, k 4 tig + byte, + 16 in a2, a3), B bytes (k 4 tig + byte | + 16,
-    col gid), C as m16n8k16's."""
+def _sim_mma_s8(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32: lane (gid, tig) holds A bytes (row gid | gid + 8
+    in a0 | a1 and a2 | a3, k 4 tig + byte, + 16 in a2, a3), B bytes (k 4 tig + byte | + 16, col gid),
+    C as m16n8k16's; exact integer sums."""
     frags, lane = _sim_allgather((a0, a1, a2, a3, b0, b1))
-    A = np.zeros((16, 32))
-    B = np.zeros((32, 8))
+    A = np.zeros((16, 32), np.int64)
+    B = np.zeros((32, 8), np.int64)
+
+    def s8(w, i):
+        b = (int(w) >> (8 * i)) & 0xFF
+        return b - 256 if b & 0x80 else b
     for ln, (x0, x1, x2, x3, y0, y1) in enumerate(frags):
         g, t = ln >> 2, ln & 3
         for (r, k), w in (((g, 4 * t), x0), ((g + 8, 4 * t), x1), ((g, 4 * t + 16), x2), ((g + 8, 4 * t + 16), x3)):
             for i in range(4):
-                A[r, k + i] = _E4M3_TAB[(int(w) >> (8 * i)) & 0xFF]
+                A[r, k + i] = s8(w, i)
         for k, w in ((4 * t, y0), (4 * t + 16, y1)):
             for i in range(4):
-                B[k + i, g] = _E4M3_TAB[(int(w) >> (8 * i)) & 0xFF]
+                B[k + i, g] = s8(w, i)
     g, t = lane >> 2, lane & 3
     D = A @ B
-    return (np.float32(D[g, 2 * t] + c0), np.float32(D[g, 2 * t + 1] + c1),
-            np.float32(D[g + 8, 2 * t] + c2), np.float32(D[g + 8, 2 * t + 1] + c3))
-
-
-def _sim_pack_e4m3x4(x0, x1, x2, x3):
-    from coldkv.numba_kernels.fp import e4m3_enc
-
-    return np.uint32(sum(int(e4m3_enc(np.float32(x))) << (8 * i) for i, x in enumerate((x0, x1, x2, x3))))
-
-
-def _sim_f16x2_f32(x):
-    lo, hi = _sim_halves(x)
-    return np.float32(_sim_f16(lo)), np.float32(_sim_f16(hi))
+    return (np.int32(D[g, 2 * t] + c0), np.int32(D[g, 2 * t + 1] + c1), np.int32(D[g + 8, 2 * t] + c2),
+            np.int32(D[g + 8, 2 * t + 1] + c3))
 
 
 def _sim_ldg(n):
@@ -485,11 +456,6 @@ def _sim_ldsm(trans):
     return ldsm
 
 
-def _sim_lds4(arr, idx):
-    i = int(idx)
-    return tuple(np.uint32(arr[i + k]) for k in range(4))
-
-
 def _sim_sts4(arr, idx, a, b, c, d):
     i = int(idx)
     for k, v in enumerate((a, b, c, d)):
@@ -514,7 +480,7 @@ from numba import config as _config  # noqa: E402
 SIMULATED = bool(_config.ENABLE_CUDASIM)
 if SIMULATED:
     mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
-    mma_e4m3, pack_e4m3x4, f16x2_f32, lds4 = _sim_mma_e4m3, _sim_pack_e4m3x4, _sim_f16x2_f32, _sim_lds4
+    mma_s8 = _sim_mma_s8
     pack_f16, pack_bf16 = _sim_pack_f16, _sim_pack_bf16
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
     dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
