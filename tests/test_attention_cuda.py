@@ -279,29 +279,6 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_decode_last_block_merges_and_resets_its_counters():
-    """The tensor-core decode kernel has no reduce kernel: the last of a (token, kv head)'s blocks
-    merges the partials into out and sets its counter back to 0, so launches that reuse the
-    workspace (a CUDA graph's replays) merge again; 4 blocks, one of them without pages."""
-    kf, vf, G, D, L, P, H = Q.NVFP4, Q.INT8, 4, 64, 120, 8, 1
-    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 21)
-    q = np.random.default_rng(22).standard_normal((1, G * H, D)).astype(np.float32)
-    (kc, ks), (vc, vs) = pools
-    dev = [cuda.to_device(x) for x in (q, kc, ks, vc, vs, gscale, table)]
-    ws = A.AttentionWorkspace(16, 1, G * H, D)
-    outs = []
-    for pos in (L - 1, L - 1, 40):
-        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
-        A.paged_attention_cuda(dev[0], out, pos, 0.125, kf, dev[1], dev[2], vf, dev[3], dev[4], dev[5], dev[6], ws,
-                               check_cold=False, kernel="mma", plan_len=L)
-        outs.append(out.copy_to_host())
-        assert not ws.counters.copy_to_host().any()
-    np.testing.assert_array_equal(outs[0], outs[1])
-    sm = 0.125
-    for got, pos in ((outs[0], L - 1), (outs[2], 40)):
-        check(got, *references(q, kd[: pos + 1], vd[: pos + 1], pos, sm, kf, vf, "mma"))
-
-
 def test_dec8_emulation_is_the_format():
     """The simulator's dec8_e2m1 / dec8_iso3 (which the fa kernel runs under the simulator; on a GPU
     the gpu tests check the PTX): pair i of a word = fp16 of nibbles i (low) and i + 4 (high), the

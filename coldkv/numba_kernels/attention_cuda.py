@@ -578,9 +578,6 @@ class AttentionWorkspace:
         n = self.max_splits * self.max_T * self.Hq
         self.acc = cuda.device_array(n * self.D, np.float32)
         self.ml = cuda.device_array(n * 2, np.float32)
-        # finished blocks per (t, kv head) of the tensor-core decode kernel (its last block merges;
-        # each launch leaves them at 0)
-        self.counters = cuda.to_device(np.zeros(self.max_T * self.Hq, np.int32))
         self._views: dict = {}
         self.n_sm = _sm_count()
 
@@ -691,8 +688,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
-    Enqueues one kernel on `stream` (the tensor-core decode kernel merges its splits itself) or two
-    (a kernel and the split reduction); no device allocation.
+    Enqueues two kernels on `stream`; no device allocation.
 
     pos0: an int, or an int32 device array of shape [1] holding it (device-position mode, for
     CUDA graphs: the kernel reads the position when it runs, so one captured launch serves every
@@ -805,13 +801,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         ksc, vsc = _flat(k_scales), _flat(v_scales)
     splits = nblk if use_mma else nblk * NWARPS  # the tensor-core kernel merges its warps per block
     ws_acc, ws_ml = ws.views(splits, T)
-    args = (q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc, _flat(v_codes, np.uint32), vsc, gscale, table,
-            ws_acc, ws_ml)
-    if use_mma:  # its last block per (t, kv head) merges the splits into out
-        kern[(T, nblk, H), THREADS, stream](*args, out, ws.counters)
-    else:
-        kern[(T, nblk, H), THREADS, stream](*args)
-        _reduce(ws_acc, ws_ml, splits, out, stream)
+    kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
+                                        _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
+    _reduce(ws_acc, ws_ml, splits, out, stream)
     return out
 
 

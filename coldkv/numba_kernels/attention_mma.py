@@ -45,7 +45,7 @@ from numba import types
 
 from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldcg_f32, ldg2, ldg4, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16,
+    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldg2, ldg4, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16,
     pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
@@ -353,7 +353,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
 
     @jit
-    def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out, counters):
+    def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
         # k_scales/v_scales: 4-bit formats: E4M3 bytes as flat uint32 words (SW per row);
         # int8: float32 per row; bf16: unused.
         pos0 = read_pos(pos)
@@ -546,60 +546,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 ws_ml[blk, t, hq0 + g, 0] = M
                 ws_ml[blk, t, hq0 + g, 1] = den
 
-        # ---------------- the last block of (t, h) to finish merges every block's partial into out,
-        # so no reduce kernel runs after this one. counters[t, h] counts the finished blocks (the
-        # threadfence orders each block's partial before its count); the last one resets it to 0
-        # for the next launch (graph replays included). Sums run in split order, the same whichever
-        # block is last.
-        cuda.threadfence()
-        cuda.syncthreads()
-        sm_last = cuda.shared.array(1, np.int32)
-        nb = cuda.gridDim.y
-        Tn = cuda.gridDim.x
-        HQ = cuda.gridDim.z * G
-        if tid == 0:
-            sm_last[0] = cuda.atomic.add(counters, t * cuda.gridDim.z + h, 1)
-        cuda.syncthreads()
-        if sm_last[0] == nb - 1:
-            cuda.threadfence()
-            for g in range(warp, G, NWARPS):  # the max and the denominator of row g: a warp each
-                r2 = ((t * HQ) + hq0 + g) * 2  # ws_ml[s, t, hq0 + g, 0] at s * Tn * HQ * 2 + r2
-                M = _NEG_INF
-                for s in range(lane, nb, 32):
-                    M = max(M, ldcg_f32(ws_ml, s * Tn * HQ * 2 + r2))
-                for o in range(5):
-                    M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, 16 >> o))
-                den = f32(0.0)
-                for s in range(lane, nb, 32):
-                    ms = ldcg_f32(ws_ml, s * Tn * HQ * 2 + r2)
-                    den += math.exp2(ms - M) * ldcg_f32(ws_ml, s * Tn * HQ * 2 + r2 + 1) if ms > _NEG_INF else f32(0.0)
-                for o in range(5):
-                    den += cuda.shfl_xor_sync(0xFFFFFFFF, den, 16 >> o)
-                if lane == 0:
-                    sm_ml[2 * g] = M
-                    sm_ml[2 * g + 1] = den
-            cuda.syncthreads()
-            rm = cuda.local.array(4, np.float32)
-            ra = cuda.local.array(4, np.float32)
-            for e in range(tid, G * D, THREADS):
-                g = e // D
-                d = e - g * D
-                M = sm_ml[2 * g]
-                r2 = ((t * HQ) + hq0 + g) * 2
-                rd = ((t * HQ) + hq0 + g) * D + d
-                num = f32(0.0)
-                for s0 in range(0, nb, 4):
-                    for u in range(4):  # the loads of 4 splits first: in flight together
-                        sc = min(s0 + u, nb - 1)
-                        rm[u] = ldcg_f32(ws_ml, sc * Tn * HQ * 2 + r2)
-                        ra[u] = ldcg_f32(ws_acc, sc * Tn * HQ * D + rd)
-                    for u in range(4):
-                        ok = s0 + u < nb and rm[u] > _NEG_INF  # -inf: a block without pages
-                        num += math.exp2(rm[u] - M) * ra[u] if ok else f32(0.0)
-                out[t, hq0 + g, d] = num / sm_ml[2 * g + 1]
-            if tid == 0:
-                counters[t * cuda.gridDim.z + h] = 0
-
     return attn_mma
 
 
@@ -620,8 +566,7 @@ _SCALE_T = {BF16: "uint8", INT8: "float32", NVFP4: "uint32", ISO3: "uint32"}
 
 
 def kernel_sig(kf, vf, devpos=False):
-    """attention_cuda's signature plus the output and the workspace's block counters."""
-    return attention_cuda.kernel_sig(kf, vf, devpos, _SCALE_T)[:-1] + ", float32[:,:,::1], int32[::1])"
+    return attention_cuda.kernel_sig(kf, vf, devpos, _SCALE_T)
 
 
 def _ptx_signatures():

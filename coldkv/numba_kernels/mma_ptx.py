@@ -120,21 +120,6 @@ ldg2 = _ldg(2)
 ldg4 = _ldg(4)
 
 
-@intrinsic
-def ldcg_f32(typingctx, arr, idx):
-    """arr.flat[idx] (float32, C-contiguous) by ld.global.cg: from L2, never from a line this SM's
-    L1 may hold from before another block's write (a last-block merge reads the other blocks'
-    partials)."""
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        i64 = ir.IntType(64)
-        ptr = builder.gep(a.data, [context.cast(builder, args[1], sig.args[1], types.int64)])
-        return builder.call(ir.InlineAsm(ir.FunctionType(ir.FloatType(), [i64]), "ld.global.cg.f32 $0, [$1];", "=f,l",
-                                         side_effect=True), [builder.ptrtoint(ptr, i64)])
-
-    return _f32(arr, idx), codegen
-
-
 # ---- shared memory: ldmatrix, cp.async, vector stores (the "fa" prefill kernel). Addresses are
 # (array, 32-bit word index) pairs; the shared address is the element pointer cast to the shared
 # space (addrspace 3). All are volatile with a memory clobber: LLVM must not move them across a
@@ -501,7 +486,6 @@ if SIMULATED:
     dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
-    ldcg_f32 = lambda arr, idx: np.float32(arr.reshape(-1)[int(idx)])  # noqa: E731
     ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
     cp_async_wait_all = lambda: None  # noqa: E731
     cp_async4, cp_async16 = _sim_cp_async(1), _sim_cp_async(4)
