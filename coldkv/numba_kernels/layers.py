@@ -23,8 +23,9 @@ import math
 import numpy as np
 from numba import cuda
 
-from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for
-from coldkv.numba_kernels.quant import _chunk, abs_or_inf, quantize_chunk, ref_bf16_decode, ref_bf16_encode
+from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for, int8_enc
+from coldkv.numba_kernels.quant import (abs_or_inf, encode_pair, group_mult, group_scale, int8_row_scale,
+                                        ref_bf16_decode, ref_bf16_encode)
 
 ROW_THREADS = 128  # one block per row for the row kernels
 ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain constants)
@@ -113,16 +114,49 @@ def rms_norm_kernel(x, w, eps, out):
 
 
 @cuda.jit(device=True)
-def _quantize_row(fmt, src, D, g, table, h, p, codes, scales, lane):
-    """Append one fp32 row (shared memory) at position p of kv head h: lanes split it into the
-    format's groups and run the same scalar core as the CPU kernel (quant.quantize_chunk)."""
+def _append_row(fmt, vals, nv, g, table, h, p, codes, scales, lane):
+    """Append the warp's row (lane's value slot j = column lane + 32 j) at position p of kv head h
+    in a hot format. Every lane encodes its own values with the CPU kernel's scalar cores
+    (quant.quantize_chunk's, so the pages are bit-identical); a group's max comes from shuffles
+    over its lanes: 16 lanes of one slot for the 4-bit formats, the warp for int8's row. (It was a
+    lane per group / per int8 row through shared memory: 8 busy lanes at d 128, one for int8.)"""
     P = codes.shape[1]
     page = table[h, p // P]
     if page < 0:  # the host maps every position before the launch; a kernel cannot raise
         return
-    n = _chunk(fmt, D)  # a group (16 / 64), the int8 row, or 16 bf16 values
-    for c0 in range(lane * n, D, 32 * n):
-        quantize_chunk(fmt, src, c0, n, g, codes, scales, page, p % P, c0)
+    row = p % P
+    if fmt == 0:  # bf16
+        for j in range(MAX_VPL):
+            if j < nv:
+                codes[page, row, lane + 32 * j] = bf16_enc(vals[j])
+        return
+    if fmt == 1:  # int8: one scale for the row
+        amax = np.float32(0.0)
+        for j in range(MAX_VPL):
+            if j < nv:
+                amax = max(amax, abs_or_inf(vals[j]))
+        for o in (16, 8, 4, 2, 1):
+            amax = max(amax, cuda.shfl_xor_sync(0xFFFFFFFF, amax, o))
+        scale, inv = int8_row_scale(amax)
+        if lane == 0:
+            scales[page, row, 0] = scale
+        for j in range(MAX_VPL):
+            if j < nv:
+                codes[page, row, lane + 32 * j] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
+        return
+    for j in range(MAX_VPL):  # nvfp4 / iso3: lanes 16 k .. 16 k + 15 of slot j hold group 2 j + k
+        if j < nv:
+            x = vals[j]
+            amax = abs_or_inf(x)
+            for o in (8, 4, 2, 1):
+                amax = max(amax, cuda.shfl_xor_sync(0xFFFFFFFF, amax, o))
+            sb = group_scale(fmt, amax, g)
+            x1 = cuda.shfl_down_sync(0xFFFFFFFF, x, 1)  # the odd column's value, for the even lane
+            c = lane + 32 * j
+            if lane % 16 == 0:
+                scales[page, row, c >> 4] = sb
+            if lane % 2 == 0:
+                codes[page, row, c >> 1] = encode_pair(fmt, x, x1, group_mult(sb, g), sb)
 
 
 @cuda.jit(device=True)
@@ -153,10 +187,8 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
     Hq, D = q_out.shape[1], q_out.shape[2]
     H = kv_out.shape[2]
     S = Hq + 2 * H
-    wib = cuda.threadIdx.x // 32
     lane = cuda.threadIdx.x % 32
-    warp = cuda.blockIdx.x * WARPS + wib
-    row = cuda.shared.array((WARPS, MAX_HEAD_DIM), np.float32)
+    warp = cuda.blockIdx.x * WARPS + cuda.threadIdx.x // 32
     if warp >= T * S:
         return  # whole warps only: the grid is rounded up to blocks
     t = warp // S
@@ -211,15 +243,10 @@ def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out,
             if j < nv:
                 kv_out[plane, t, h, lane + 32 * j] = vals[j]
         return
-    src = row[wib]
-    for j in range(MAX_VPL):
-        if j < nv:
-            src[lane + 32 * j] = vals[j]
-    cuda.syncwarp()
     if plane == 0:
-        _quantize_row(k_fmt, src, D, gscale[0, h], k_table, h, p, k_codes, k_scales, lane)
+        _append_row(k_fmt, vals, nv, gscale[0, h], k_table, h, p, k_codes, k_scales, lane)
     else:
-        _quantize_row(v_fmt, src, D, gscale[1, h], v_table, h, p, v_codes, v_scales, lane)
+        _append_row(v_fmt, vals, nv, gscale[1, h], v_table, h, p, v_codes, v_scales, lane)
 
 
 @cuda.jit
