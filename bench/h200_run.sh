@@ -8,8 +8,8 @@
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
 # A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
 # third, "prefill", adds bench/attention_prefill.py at T 2048 (~50 s) and bench/prefill_profile.py; a
-# fourth is the seconds the whole script may take (default 570). bench/wgmma_probe.py (~20 s) runs
-# after the tests.
+# fourth is the seconds the whole script may take (default 570). bench/wgmma_probe.py (~1-2 min: a process per case) runs
+# last, in the time left.
 set -u
 C=${1:?commit}
 # The device returns at most 8 files: everything is written to a temporary folder, then the JSONs and
@@ -32,13 +32,15 @@ if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compile
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
 fi
 wait
-timeout 60 python3 bench/wgmma_probe.py --commit "$C" --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
 left=$(( B - ($(date +%s) - S) ))
 [ $left -gt 60 ] && timeout $left python3 bench/generate.py --commit "$C" --repeats $([ $left -gt 150 ] && echo 2 || echo 1) \
   --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
 left=$(( B - ($(date +%s) - S) ))
 [ "${3:-}" = prefill ] && [ $left -gt 45 ] && timeout $left python3 bench/prefill_profile.py --commit "$C" \
   --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
+left=$(( B - ($(date +%s) - S) ))  # last: a diagnostic, one process per case (~1-2 min)
+[ $left -gt 30 ] && timeout $(( left < 150 ? left : 150 )) python3 bench/wgmma_probe.py --commit "$C" \
+  --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
 echo "elapsed $(( $(date +%s) - S )) s"
 tail -n 3 "$OUT/gpu_pytest_$C.log"
 grep -E "FAILED|ERROR" "$OUT/gpu_pytest_$C.log" | head

@@ -12,6 +12,10 @@ times a loop of accumulating wgmmas on every SM.
 
     python bench/wgmma_probe.py --commit C --out $OUT/wgmma_probe.json
 
+Each case runs in its own process (`--case NAME`): a fault poisons the CUDA context, and at
+dedf2c8 the first case's CUDA_ERROR_ILLEGAL_ADDRESS hid every other case. "harness" runs the
+kernel without its wgmma, so a fault there is not the instruction's.
+
 Without a GPU, `--ptx FILE` writes the kernels' PTX for sm_90a (for `ptxas -arch=sm_90a`).
 """
 from __future__ import annotations
@@ -129,19 +133,25 @@ def _stage_b(sm, b_core, t):
 
 
 @cuda.jit
-def probe_kernel(a, b_core, lbo, sbo, n_major, out):
+def probe_kernel(a, b_core, lbo, sbo, n_major, harness, out):
     """out [64, 64] f32 = a [64, 16] @ B, B given as b_core: 8x8 core matrices, K-major (the
-    16 bytes of a core row run along K) or, n_major, N-major (trans-b)."""
+    16 bytes of a core row run along K) or, n_major, N-major (trans-b); harness: zeros instead of
+    the wgmma (checks the rest of the kernel)."""
     sm = cuda.shared.array(1024, np.uint16, alignment=128)
     t = cuda.threadIdx.x
     _stage_b(sm, b_core, t)
     warp, lane = t // 32, t % 32
     a0, a1, a2, a3 = _a_frag(a, warp, lane)
+    g, q = lane >> 2, lane & 3
+    if harness:
+        for j in range(8):
+            for e in range(4):
+                out[16 * warp + g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)] = np.float32(0.0)
+        return
     if n_major:
         d = wgmma_64x64_nmajor(a0, a1, a2, a3, _desc(sm, lbo, sbo))
     else:
         d = wgmma_64x64(a0, a1, a2, a3, _desc(sm, lbo, sbo))
-    g, q = lane >> 2, lane & 3
     for j in range(8):
         for e in range(4):
             out[16 * warp + g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)] = d[4 * j + e]
@@ -183,6 +193,7 @@ def main() -> None:
     ap.add_argument("--commit")
     ap.add_argument("--ptx", type=Path, help="write the PTX for sm_90a to this file and stop (no GPU needed)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "wgmma_probe.json")
+    ap.add_argument("--case", help="run one check in this process (the driver runs each in its own)")
     a = ap.parse_args()
     if a.ptx:
         import numba.cuda.dispatcher as dispatcher
@@ -191,13 +202,50 @@ def main() -> None:
             compute_capability = (9, 0)
 
         dispatcher.get_current_device = lambda: _Sm90()  # device functions ask for it
-        sig = "void(uint16[:,::1], uint16[::1], int64, int64, boolean, float32[:,::1])"
+        sig = "void(uint16[:,::1], uint16[::1], int64, int64, boolean, boolean, float32[:,::1])"
         ptx = [cuda.compile_ptx(probe_kernel.py_func, sig, cc=(9, 0))[0],
                cuda.compile_ptx(loop_kernel.py_func,
                                 "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])", cc=(9, 0))[0]]
         a.ptx.write_text("\n".join(p.replace(".target sm_90", ".target sm_90a") for p in ptx))
         print(f"wrote {a.ptx}")
         return
+    if a.case:
+        run_case(a.case, a.iters)
+        return
+    # One process per case: an illegal address poisons the CUDA context, and at dedf2c8 the first
+    # case's did, so no other case could run after it.
+    import subprocess
+
+    cases = ["harness"] + [f"{name}/{order}" for name in b_layouts(np.zeros((16, 64), np.uint16))
+                           for order in ("kn", "nk")]
+    checks = {}
+    for case in cases:
+        try:
+            r = subprocess.run([sys.executable, __file__, "--case", case], capture_output=True, text=True, timeout=90)
+            line = [x for x in r.stdout.splitlines() if x.startswith("{")]
+            checks[case] = json.loads(line[-1]) if line else {"ok": False, "error": (r.stderr.strip().splitlines()
+                                                                                    or ["no output"])[-1][-300:]}
+        except subprocess.TimeoutExpired:
+            checks[case] = {"ok": False, "error": "timeout 90 s"}
+        print(case, checks[case], flush=True)
+    res = {"command": "python " + " ".join(sys.argv), "commit": git_commit(a.commit), "checks": checks}
+    good = [c for c in cases if c != "harness" and checks[c].get("ok") and not b_layouts(
+        np.zeros((16, 64), np.uint16))[c.split("/")[0]][1]]
+    if good:
+        r = subprocess.run([sys.executable, __file__, "--case", "loop:" + good[0], "--iters", str(a.iters)],
+                           capture_output=True, text=True, timeout=120)
+        line = [x for x in r.stdout.splitlines() if x.startswith("{")]
+        res["loop"] = json.loads(line[-1]) if line else {"error": (r.stderr.strip().splitlines() or ["?"])[-1][-300:]}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res, indent=1))
+
+
+def run_case(case: str, iters: int) -> None:
+    """One check in this process, printed as a JSON line: "harness" (the kernel with its wgmma
+    replaced by zeros: the launch and copies alone), "LAYOUT/kn" or "LAYOUT/nk" (B in that layout,
+    its K-adjacent / N-adjacent core offsets in the descriptor's (LBO, SBO) fields or swapped), or
+    "loop:LAYOUT/ORDER" (the throughput loop on a layout that passed)."""
     import ml_dtypes
 
     rng = np.random.default_rng(0)
@@ -205,43 +253,37 @@ def main() -> None:
     B = rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
     want = A.astype(np.float64) @ B.astype(np.float64)
     a_dev = cuda.to_device(A.view(np.uint16))
-    out = cuda.device_array((64, 64), np.float32)
-    checks, good = {}, None
-    # which of the descriptor's two byte offsets (bits 16-29 and 32-45) is which, per layout:
-    # each layout tried with its K-adjacent/N-adjacent offsets in both fields
-    for name, (core, n_major, (k_off, n_off)) in b_layouts(B.view(np.uint16)).items():
-        b_dev = cuda.to_device(np.ascontiguousarray(core).reshape(-1))
-        for lbo, sbo in ((k_off, n_off), (n_off, k_off)):
-            out.copy_to_device(np.full((64, 64), np.nan, np.float32))
-            probe_kernel[1, 128](a_dev, b_dev, lbo, sbo, n_major, out)
-            got = out.copy_to_host()
-            ok = bool(np.isfinite(got).all() and np.abs(got - want).max() <= 1e-4 * np.abs(want).max())
-            err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
-            checks[f"{name}_lbo{lbo}_sbo{sbo}"] = {"max_abs_err": err, "ok": ok}
-            if ok and good is None and not n_major:
-                good = (b_dev, lbo, sbo)
-    dev = cuda.get_current_device()
-    res = {"command": "python " + " ".join(sys.argv), "device": str(dev.name.decode() if isinstance(dev.name, bytes)
-                                                                   else dev.name),
-           "commit": git_commit(a.commit), "checks": checks}
-    if good:
-        b_dev, lbo, sbo = good
+    loop = case.startswith("loop:")
+    name, order = (case[5:] if loop else case).split("/") if case != "harness" else ("kmajor_n_outer", "kn")
+    core, n_major, (k_off, n_off) = b_layouts(B.view(np.uint16))[name]
+    lbo, sbo = (k_off, n_off) if order == "kn" else (n_off, k_off)
+    b_dev = cuda.to_device(np.ascontiguousarray(core).reshape(-1))
+    if loop:
+        dev = cuda.get_current_device()
         sms = dev.MULTIPROCESSOR_COUNT
         sink = cuda.device_array(4 * sms * 128, np.float32)
         loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, 8, sink)  # compile
         cuda.synchronize()
         t0 = time.perf_counter()
-        loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, a.iters, sink)
+        loop_kernel[4 * sms, 128](a_dev, b_dev, lbo, sbo, iters, sink)
         cuda.synchronize()
         dt = time.perf_counter() - t0
-        flops = 2 * 64 * 64 * 16 * (4 * a.iters + 1) * 4 * sms
+        flops = 2 * 64 * 64 * 16 * (4 * iters + 1) * 4 * sms
         # n64 tiles, one accumulator, 4 MMAs per commit/wait: a lower bound on the instruction's
         # rate (FA3 keeps several in flight with larger N)
-        res["loop"] = {"blocks": 4 * sms, "iters": a.iters, "ms": round(1e3 * dt, 3),
-                       "tflops": round(flops / dt / 1e12, 1)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps(res, indent=1))
+        print(json.dumps({"case": case, "blocks": 4 * sms, "iters": iters, "ms": round(1e3 * dt, 3),
+                          "tflops": round(flops / dt / 1e12, 1)}))
+        return
+    out = cuda.to_device(np.full((64, 64), np.nan, np.float32))
+    harness = case == "harness"
+    probe_kernel[1, 128](a_dev, b_dev, lbo, sbo, n_major, harness, out)
+    got = out.copy_to_host()
+    if harness:
+        print(json.dumps({"case": case, "ok": bool((got == 0).all())}))
+        return
+    ok = bool(np.isfinite(got).all() and np.abs(got - want).max() <= 1e-4 * np.abs(want).max())
+    err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
+    print(json.dumps({"case": case, "ok": ok, "max_abs_err": err, "lbo": lbo, "sbo": sbo}))
 
 
 if __name__ == "__main__":
