@@ -52,19 +52,23 @@ from coldkv.numba_kernels import quant as Q  # noqa: E402
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4),
            "iso3": (Q.ISO3, Q.ISO3), "nvfp4/iso3": (Q.NVFP4, Q.ISO3)}
 # The default rows run kernel="auto" (the tensor-core kernel, attention_mma, uint64 indices, its
-# `_MMA_TUNED` register cap of attention_cuda where one is set). Variants, at --variant-contexts on
-# the first shape: "@fma" the fp32 CUDA-core kernel, "@i64" the int64-index build, "@r0" no register
-# cap, "@r128" capped at 128 registers (4 blocks per SM), "@t4" 32-token chunks, "@p" software-pipelined
-# loads (no register cap), "@p128" the same capped at 128, "@pN" mma_pipe off at 128 registers (bf16's setting before dd17991),
-# "@k8off" int8 keys decoded to fp16 instead of s8 MMAs (attention_mma k8, the default).
+# `_MMA_TUNED` register cap of attention_cuda where one is set). FORMAT@KNOB runs a variant (any
+# format, by --formats; DEFAULT_VARIANTS also run at --variant-contexts on the first shape): "fma" the
+# fp32 CUDA-core kernel, "i64" the int64-index build, "r0" no register cap, "r128" capped at 128
+# registers (4 blocks per SM), "t4" 32-token chunks, "p" / "p128" software-pipelined loads uncapped /
+# at 128 (measured no better since dd17991), "pN" mma_pipe off at 128 registers (bf16's setting
+# before dd17991), "k8off" int8 keys decoded to fp16 instead of s8 MMAs (attention_mma k8, the
+# default), "ws128" a workspace of 128 splits (32 blocks per kv head, half the default's at 131072
+# tokens: a shorter reduce, 2 blocks per SM instead of 4).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
        "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
        "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128},
-       "k8off": {"kernel": "mma", "mma_k8": False}}
-VARIANTS = {f"{f}@{v}": (f, _VK[v]) for f, v in [
-    ("int8", "k8off"), ("nvfp4", "p"), ("int8", "p"), ("bf16", "pN")]}
+       "k8off": {"kernel": "mma", "mma_k8": False},
+       "ws128": {"kernel": "mma", "ws_splits": 128}}
+VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
+DEFAULT_VARIANTS = ["int8@k8off", "nvfp4@ws128", "bf16@ws128"]  # what a run adds at --variant-contexts
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
@@ -128,7 +132,8 @@ def torch_dequant(torch, fmt, codes, scales, g, D):
 class Case:
     def __init__(self, torch, fmt_name, L, Hq, H, D, seed=0):
         self.torch, self.name, self.L, self.Hq, self.H, self.D = torch, fmt_name, L, Hq, H, D
-        base, self.kw = VARIANTS.get(fmt_name, (fmt_name, {}))
+        base, kw = VARIANTS.get(fmt_name, (fmt_name, {}))
+        self.kw = {k: v for k, v in kw.items() if k != "ws_splits"}
         G = Hq // H
         self.mma = A._use_mma(self.kw.get("kernel", "auto"), *FORMATS[base], G, D)
         self.kf, self.vf = FORMATS[base]
@@ -149,7 +154,7 @@ class Case:
                      self.kf, ca(self.pools_t[0][0]), ca(self.pools_t[0][1]),
                      self.vf, ca(self.pools_t[1][0]), ca(self.pools_t[1][1]),
                      ca(self.gscale_t), ca(table)]
-        self.ws = A.AttentionWorkspace(4096, 1, Hq, D)
+        self.ws = A.AttentionWorkspace(kw.get("ws_splits", 4096), 1, Hq, D)
 
     def graph(self):
         """The same call captured once in a CUDA graph in device-position mode (pos0 an int32[1]
@@ -310,7 +315,7 @@ def validate_only(torch, args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
-    ap.add_argument("--formats", nargs="*", default=list(FORMATS), help=f"of {list(FORMATS) + list(VARIANTS)}")
+    ap.add_argument("--formats", nargs="*", default=list(FORMATS), help=f"of {list(FORMATS)}, or FORMAT@KNOB with a knob of {list(_VK)}")
     ap.add_argument("--variant-contexts", type=int, nargs="*", default=[131072],
                     help="contexts at which the VARIANTS also run (first shape only)")
     ap.add_argument("--repeats", type=int, default=15)
@@ -339,7 +344,7 @@ def main():
     t0 = time.perf_counter()
     shapes = parse_shapes(args)
     for Hq, H, D in shapes:
-        for name in args.formats + (list(VARIANTS) if (Hq, H, D) == shapes[0] and args.variant_contexts else []):
+        for name in args.formats + (DEFAULT_VARIANTS if (Hq, H, D) == shapes[0] and args.variant_contexts else []):
             try:
                 c = Case(torch, name, 200, Hq, H, D)
                 c.run()
@@ -374,7 +379,7 @@ def main():
                 t_sdpa = float("nan")
             names = list(args.formats)
             if (Hq, H, D) == shapes[0] and L in args.variant_contexts:
-                names += list(VARIANTS)
+                names += DEFAULT_VARIANTS
             for name in names:
                 rec = {"format": name, "context": L, "q_heads": Hq, "kv_heads": H, "head_dim": D,
                        "sdpa_bf16_us": t_sdpa}
