@@ -91,6 +91,22 @@ def supports(kf: int, vf: int, G: int, D: int) -> bool:
     return G <= 8 and D % 64 == 0 and D <= 256 and kf in _VPW and vf in _VPW
 
 
+# k8's q: biased float32 exponent of the power of two 2^k with max|q| 2^k < 2^14 is this minus
+# the max's own biased exponent (2^k = bits (eb << 23))
+_Q16_EB = 253 + 14
+
+
+def ref_q_int16(x: np.ndarray) -> np.ndarray:
+    """The spec of k8's q: x = q * sm_scale * log2(e) [..., D] float32; per row the power of two
+    2^k with max|x| 2^k < 2^14 (picked from the float32 exponent of the max, as the kernel does),
+    x 2^k rounded to the nearest integer (ties to even); returns those integers / 2^k."""
+    x = np.asarray(x, np.float32)
+    m = np.abs(x).max(axis=-1, keepdims=True)
+    eb = np.clip(_Q16_EB - ((m.view(np.uint32) >> 23) & 0xFF).astype(np.int64), 1, 253)
+    p2 = (eb.astype(np.uint32) << 23).view(np.float32)
+    return (np.rint(x * p2).astype(np.float64) / p2).astype(np.float32)
+
+
 def supports_k8(kf: int, G: int, D: int) -> bool:
     """The K product on 8-bit integer tensor cores (`k8`): int8 keys (G <= 8, as `supports`)."""
     return kf == INT8 and G <= 8 and D % 64 == 0 and D <= 256
@@ -379,7 +395,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         # ---- q as the A operand (rows g = gid, rows 8..15 zero), dims in the order of the K decode
         qa0 = cuda.local.array(NS, np.uint32)
         qa1 = cuda.local.array(NS, np.uint32)
-        for s in range(NS):
+        for s in range(0 if I8 else NS):  # (int8 keys on s8 MMAs take q as qa8, below)
             if K4:  # word tig * WPL + (s >> 1): nibbles (a, a + 4) in qa0, (a + 1, a + 5) in qa1
                 d0 = 8 * (tig * WPL + (s >> 1)) + 2 * (s & 1)
                 d1 = d0 + 4
@@ -418,8 +434,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     m = max(m, cuda.shfl_xor_sync(0xFFFFFFFF, m, 16 >> o))
                 if g == gid:
                     mq = m
-            # 2^k (biased exponent eb) with mq * qscale * 2^k < 2^14
-            eb = min(max(267 - ((f32_bits(mq * qscale) >> 23) & 0xFF), 1), 253)
+            # 2^k (biased exponent eb) with mq * qscale * 2^k < 2^14 (ref_q_int16 is the spec)
+            eb = min(max(_Q16_EB - ((f32_bits(mq * qscale) >> 23) & 0xFF), 1), 253)
             q2 = bits_f32(eb << 23)
             kc = bits_f32((254 - eb) << 23)
             for s in range(NS // 2):
