@@ -59,7 +59,10 @@ PATHS = {"rows": {"kernel": "mma", "mma_prefill": "rows"}, "tok": {"kernel": "mm
          "fa": {"kernel": "mma", "mma_prefill": "fa"},
          "fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
          "fa@r168": {"kernel": "mma", "mma_prefill": "fa", "max_registers": 168},
-         "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128}}
+         "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128},
+         # the same on Hopper warpgroup MMAs (sm_90a): one or two warpgroups a block
+         "wg": {"kernel": "mma", "mma_prefill": "wg"},
+         "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

@@ -62,7 +62,8 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     return out
 
 
-_PREFILL_KERNELS = {"rows": ("rows", 4), "smem": ("smem", 4), "smem8": ("smem", 8), "fa": ("fa", 4)}
+_PREFILL_KERNELS = {"rows": ("rows", 4), "smem": ("smem", 4), "smem8": ("smem", 8), "fa": ("fa", 4), "wg": ("wg", 4),
+                    "wg8": ("wg", 8)}
 _AUTO = attention_cuda._prefill_auto
 
 
@@ -123,7 +124,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), rows, smem, smem8, fa; each "
+                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), rows, smem, smem8, fa, wg, wg8; each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")

@@ -106,6 +106,9 @@ def _kernel_kw(kernel):
             # the "fa" prefill kernel (FA2-style shared tiles, the auto default)
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
+            # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
+            "mma_wg": {"kernel": "mma", "mma_prefill": "wg"},
+            "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -225,6 +228,7 @@ def test_prefill_chunk_causal(T, L):
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
+    ("mma_wg", "bf16", "int8", 2, 64, 12, 150, 64),  # wgmma: 128-key tiles, a part tile, int8 V scales
     ("mma", "int8", "nvfp4", 4, 128, 1, 50, 16),  # int8 keys on s8 MMAs (k8)
     ("mma_k8off", "int8", "bf16", 2, 64, 1, 37, 8),  # int8 keys decoded to fp16
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
@@ -232,6 +236,8 @@ def test_prefill_chunk_causal(T, L):
         ("mma_tok", "int8", "iso3", 3, 64, 5, 30, 16),  # k8 with several query tokens
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
+        ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
+        ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
         ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
         ("mma_smem", "nvfp4", "iso3", 2, 64, 40, 60, 16), ("mma_rows", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
@@ -499,7 +505,7 @@ def test_gpu_decode_int8_keys(vname, G, D, P, kernel):
     ("nvfp4", "iso3", 4, 128, 96, 2500, 64), ("int8", "nvfp4", 6, 256, 50, 1200, 64),
     ("bf16", "int8", 1, 64, 70, 900, 16), ("iso3", "bf16", 8, 128, 40, 700, 8),
     ("nvfp4", "bf16", 2, 128, 300, 300, 64)])  # a first chunk (pos0 = 0): rows see < 1 split
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa"])
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_wg"])
 def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
     """The prefill kernels ((token, head) rows; per-warp or block-shared decode): every format as
     K and V, G 1..8 (G 6 and 8 leave rows unused), pages smaller than their key chunks, chunks not
@@ -510,7 +516,7 @@ def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8"])
+@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8", "mma_wg8"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -520,7 +526,7 @@ def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8"])
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8", "mma_wg", "mma_wg8"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

@@ -647,17 +647,17 @@ def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_spli
 _RESIDENT: dict = {}
 
 
-def _resident_blocks(kern, sig: str, threads: int = THREADS) -> int:
+def _resident_blocks(kern, sig: str, threads: int = THREADS, dynsmem: int = 0) -> int:
     """Blocks of `threads` threads of `kern` that are resident on the whole GPU at once (its
-    registers and shared memory per SM x SMs), compiled for `sig` to find out; 0 (no limit known)
-    under the simulator."""
+    registers and shared memory, static and `dynsmem` dynamic, per SM x SMs), compiled for `sig`
+    to find out; 0 (no limit known) under the simulator."""
     from numba import config
 
     if config.ENABLE_CUDASIM:
         return 0
-    key = (id(kern), sig, threads)
+    key = (id(kern), sig, threads, dynsmem)
     if key not in _RESIDENT:
-        _RESIDENT[key] = int(kern.compile(sig).max_cooperative_grid_blocks(threads))
+        _RESIDENT[key] = int(kern.compile(sig).max_cooperative_grid_blocks(threads, dynsmem))
     return _RESIDENT[key]
 
 
@@ -705,6 +705,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     (`_prefill_auto`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
     decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
     decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles),
+    "wg" (the same on Hopper warpgroup MMAs, sm_90a, head_dim <= 128, 4 or 8 warps),
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
@@ -747,21 +748,25 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
-        smem = {"smem": True, "fa": "fa"}.get(prefill, False)
+        smem = {"smem": True, "fa": "fa", "wg": "wg"}.get(prefill, False)
+        fa = smem in ("fa", "wg")
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
         pre = (False, False)
-        if smem == "fa" and prefill_scratch is not None:
+        if fa and prefill_scratch is not None:
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
                                                     smem, mma_warps, pre=pre)
         threads = 32 * mma_warps if smem else THREADS
-        # only "fa" writes the final output itself when unsplit; the others always merge
-        resident = _resident_blocks(kern, attention_prefill.kernel_sig(k_fmt, v_fmt, devpos), threads) \
-            if smem == "fa" else 0
+        dyn = attention_prefill.wg_smem_bytes(D) if smem == "wg" else 0
+        sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)
+        if dyn:
+            attention_prefill.wg_prepare(kern, sig, dyn)
+        # only "fa"/"wg" write the final output themselves when unsplit; the others always merge
+        resident = _resident_blocks(kern, sig, threads, dyn) if fa else 0
         # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
         nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block, resident)
         ws_acc, ws_ml = ws.views(splits, T)
-        direct = smem == "fa" and splits == 1
+        direct = fa and splits == 1
         if direct:  # the kernel normalizes and writes out ([1, T, Hq, D] view): no reduce
             ws_acc = out.reshape(1, T, Hq, D)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
@@ -774,8 +779,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                 attention_prefill.launch_predecode(fmt, D, pos0, T, L_max, P, words[plane], sc, table, plane,
                                                    prefill_scratch[plane], stream)
                 words[plane] = prefill_scratch[plane]
-        kern[(nqb, splits, H), threads, stream](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale, table,
-                                                ws_acc, ws_ml)
+        kern[(nqb, splits, H), threads, stream, dyn](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale,
+                                                     table, ws_acc, ws_ml)
         if not direct:
             _reduce(ws_acc, ws_ml, splits, out, stream)
         return out

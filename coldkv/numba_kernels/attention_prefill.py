@@ -22,6 +22,7 @@ from coldkv.numba_kernels.mma_ptx import (
     cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ex2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
     mul_f16x2, pack_bf16, pack_f16, prmt, sts4, SIMULATED)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
+from coldkv.numba_kernels.wgmma_ptx import fence_proxy_async, no_wgmma, wgmma
 
 
 def _build_prefill(kf: int, vf: int, G: int, D: int, devpos: bool, mt: int = 1, max_registers=None):
@@ -761,7 +762,7 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
 
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
-                      pre: tuple = (False, False)):
+                      pre: tuple = (False, False), wg: bool = False, chb: int = 0):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -778,13 +779,22 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     pre (K, V): that 4-bit plane comes pre-decoded (`launch_predecode`: the fp16 shared rows,
     already multiplied by their E4M3 scales, in a [pool rows, D / 2] uint32 scratch), so its
     tiles are brought in by cp.async like bf16 ones and no block decodes them: the shared tiles,
-    hence the outputs, are bitwise those of the decoding build."""
+    hence the outputs, are bitwise those of the decoding build.
+
+    wg ("wg", sm_90a): the MMAs are Hopper warpgroup MMAs (wgmma_ptx.py), a warpgroup's 64 rows
+    at once with K and V read from shared memory by descriptor: S = Q K^T as m64 n CHB, O += P V
+    as m64 n D with P from registers. The tiles are stored as 8x8 core matrices ([key / 8][dim /
+    8][8 keys][16 bytes], `wg_off`), the layout wgmma reads without swizzle, and live in dynamic
+    shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
+    limit). chb: keys per tile (default 4096 / D, wg 8192 / D)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
+    if wg and (D > 128 or W % 4):
+        raise ValueError("attention_prefill: the wgmma kernel needs head_dim <= 128 and whole warpgroups")
     NS = D // 16
     NC = D // 8  # 16-byte chunks (8 dims) of a shared row
     RS = D // 2  # u32 words of a shared row
-    CHB = 4096 // D  # keys per tile: shared K + V, two buffers = 32 KB
+    CHB = chb or (8192 if wg else 4096) // D  # keys per tile: shared K + V, two buffers = 32 KB (wg 64 KB)
     NKT = CHB // 8
     NVS = CHB // 16
     ND8 = D // 8
@@ -808,6 +818,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     f32 = np.float32
     u32 = np.uint32
     i64 = np.int64
+    WG = wg
+    wg_s = wg_pv = no_wgmma
+    if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
+        wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
+        wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128)
+
+    @cuda.jit(device=True, inline=True)
+    def soff(key, c):
+        """Word offset of (key, 16-byte chunk c) in a tile: core matrices for wgmma, else rows
+        with the chunks XOR-swizzled by key & 7 (conflict-free ldmatrix)."""
+        if WG:
+            return ((key >> 3) * NC + c) * 32 + (key & 7) * 4
+        return key * RS + 4 * (c ^ (key & 7))
 
     @cuda.jit(device=True)
     def key_scale(ksr, i, kc):
@@ -834,7 +857,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 rr = r if ok else i64(0)
                 key = key0 + KPI * j
                 if copy:
-                    cp_async16_zfill(sarr, base + key * RS + 4 * (c ^ (key & 7)), words, IX(rr * RW + 4 * c),
+                    cp_async16_zfill(sarr, base + soff(key, c), words, IX(rr * RW + 4 * c),
                                16 if ok else 0)
                 elif fmt == INT8:
                     x0 = words[IX(rr * RW + 2 * c)]
@@ -872,7 +895,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         y1 = mul_f16x2(z1, sp)
                         y2 = mul_f16x2(z2, sp)
                         y3 = mul_f16x2(z3, sp)
-                    sts4(sarr, base + key * RS + 4 * (c ^ (key & 7)), y0, y1, y2, y3)
+                    sts4(sarr, base + soff(key, c), y0, y1, y2, y3)
 
         return issue, commit
 
@@ -914,7 +937,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
     @jit
     def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
-        if SIM:  # the simulator refuses an alignment
+        if WG:  # dynamic: [K buffers | V buffers], 64 KB at d 128
+            if SIM:  # (the simulator sizes a dynamic array by a dtype instance's itemsize)
+                dyn = cuda.shared.array(0, np.dtype(np.uint32))
+            else:
+                dyn = cuda.shared.array(0, np.uint32, alignment=128)
+            KS = dyn[:SBW]
+            VS = dyn[SBW:]
+        elif SIM:  # the simulator refuses an alignment
             KS = cuda.shared.array(SBW, np.uint32)
             VS = cuda.shared.array(SBW, np.uint32)
         else:  # ldmatrix / st.shared.v4 / cp.async need 16-byte aligned rows
@@ -1002,6 +1032,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         vrs = cuda.local.array(NIT, np.float32)
         c = tid % NC  # the thread's chunk; its keys key0 + KPI j
         key0 = tid // NC
+        if WG:  # 8 consecutive threads: the 8 rows of one core matrix (conflict-free stores)
+            c = (tid >> 3) % NC
+            key0 = (tid & 7) + 8 * (tid // (8 * NC))
+        # a warpgroup's MMAs run when any of its rows sees the tile (the same test in its 4 warps)
+        tqg0 = tqb0 + (warp >> 2) * 4 * TPM
+        tqg_last = min(tqg0 + 4 * TPM, T) - 1
+        run_g = tqg0 < T
+        pa = cuda.local.array((NVS, 4), np.uint32)
         mm = lane >> 3  # ldmatrix: matrix of this lane's row address, row rr of it
         rr = lane & 7
         kl_off = (8 * (mm >> 1) + rr) * RS
@@ -1040,6 +1078,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 ioff -= P
                 ipg += 1
         cp_async_wait_all()
+        if WG:
+            fence_proxy_async()
         cuda.syncthreads()
         for ti in range(ntiles):
             buf = ti & 1
@@ -1062,13 +1102,16 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
                     issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, False)
                     issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, False)
-            if active and k0 <= pos0 + tq_last:
+            if (run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last):
                 bk = u32(buf * BUFW)
-                for u in range(NKT):
-                    for i in range(4):
-                        sv[u, i] = f32(0.0)
+                if WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
+                    wg_s(sv, qa, KS, bk)
+                else:
+                    for u in range(NKT):
+                        for i in range(4):
+                            sv[u, i] = f32(0.0)
                 # ---- S = Q K^T: one ldmatrix.x4 per (pair of 8-key tiles, k16 step)
-                for pr in range(NKT // 2):
+                for pr in range(0 if WG else NKT // 2):
                     for s in range(NS):
                         b0, b1, b2, b3 = ldsm_x4(KS, bk + koff[s & 3] + u32(16 * pr * RS + 32 * (s >> 2)))
                         u = 2 * pr
@@ -1165,7 +1208,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         a1 = pack_v(p2, p3)  # row gid + 8
                         a2 = pack_v(p4, p5)  # row gid, keys + 8
                         a3 = pack_v(p6, p7)
-                    for npr in range(ND8 // 2):
+                    if WG:
+                        pa[v, 0] = a0
+                        pa[v, 1] = a1
+                        pa[v, 2] = a2
+                        pa[v, 3] = a3
+                    for npr in range(0 if WG else ND8 // 2):
                         b0, b1, b2, b3 = ldsm_x4_t(VS, bv + voff[npr & 3] + u32(16 * v * RS + 32 * (npr >> 2)))
                         n = 2 * npr
                         r0, r1, r2, r3 = mma_v(a0, a1, a2, a3, b0, b1, acc[n, 0], acc[n, 1], acc[n, 2], acc[n, 3])
@@ -1179,6 +1227,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         acc[n + 1, 1] = r1
                         acc[n + 1, 2] = r2
                         acc[n + 1, 3] = r3
+                if WG:  # ---- O += P V: the warpgroup's 64 rows x D, P from registers
+                    wg_pv(acc, pa, VS, bv)
             if nxt:
                 commit_k(KS, nb, kreg, c, key0)
                 commit_v(VS, nb, vreg, c, key0)
@@ -1197,6 +1247,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     ioff -= P
                     ipg += 1
             cp_async_wait_all()
+            if WG:
+                fence_proxy_async()
             cuda.syncthreads()
 
         # ---- the warp's partials
@@ -1307,25 +1359,51 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, m
                        smem: bool = False, warps: int = 4, chb: int = 0, pre: tuple = (False, False)):
     """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
     `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys), or
-    smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles). The "smem" and "fa"
-    kernels have the same launch (grid, 32 `warps` threads). pre: "fa" with pre-decoded 4-bit
-    K / V planes (`launch_predecode`)."""
-    if smem != "fa":
+    smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles), or smem="wg" the same on
+    warpgroup MMAs (sm_90a; launched with `wg_smem_bytes(D, chb)` of dynamic shared memory after
+    `wg_prepare`). The "smem", "fa" and "wg" kernels have the same launch (grid, 32 `warps`
+    threads). pre: "fa"/"wg" with pre-decoded 4-bit K / V planes (`launch_predecode`)."""
+    if smem not in ("fa", "wg"):
         smem = bool(smem)
-    if smem == "fa":
+    fa = smem in ("fa", "wg")
+    if fa:
         mt = 1
-    pre = (bool(pre[0]), bool(pre[1])) if smem == "fa" else (False, False)
+    pre = (bool(pre[0]), bool(pre[1])) if fa else (False, False)
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb), pre)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
-        if smem == "fa":
-            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre)
+        if fa:
+            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, smem == "wg", chb)
         elif smem:
             _PREFILL[key] = _build_prefill_smem(kf, vf, G, D, devpos, warps, chb, max_registers)
         else:
             _PREFILL[key] = _build_prefill(kf, vf, G, D, devpos, mt, max_registers)
     return _PREFILL[key]
+
+
+def wg_smem_bytes(D: int, chb: int = 0) -> int:
+    """Dynamic shared memory of the "wg" kernel: K and V tiles of chb keys, two buffers each."""
+    return 8 * (chb or 8192 // D) * D
+
+
+_WG_READY: set = set()
+
+
+def wg_prepare(kern, sig: str, nbytes: int) -> None:
+    """Let the "wg" kernel compiled for `sig` (`kernel_sig`, the types of its launches) have
+    `nbytes` of dynamic shared memory, above the 48 KB a launch may ask for by default."""
+    from numba import config
+
+    key = (id(kern), sig, nbytes)
+    if config.ENABLE_CUDASIM or key in _WG_READY:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    fn = kern.compile(sig)._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, nbytes, fn.handle, fn.device.id)
+    _WG_READY.add(key)
 
 
 def _ptx_signatures():
@@ -1352,6 +1430,10 @@ def _ptx_signatures():
             (get_prefill_kernel(BF16, BF16, 4, 128, smem="fa", warps=8), kernel_sig(BF16, BF16)),
             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, smem="fa", pre=(True, True)), kernel_sig(NVFP4, ISO3, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, smem="fa", pre=(False, True)), kernel_sig(INT8, NVFP4))]
+    out += [(get_prefill_kernel(f, f, 2, 128, smem="wg"), kernel_sig(f, f)) for f in fm]  # wgmma: sm_90a
+    out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, smem="wg", pre=(True, True)), kernel_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(BF16, BF16, 2, 128, True, smem="wg", warps=8), kernel_sig(BF16, BF16, True)),
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, smem="wg"), kernel_sig(INT8, NVFP4))]
     for fmt in (NVFP4, ISO3):
         for devpos in (False, True):
             out.append((_build_predecode(fmt, 128, devpos),

@@ -1,0 +1,181 @@
+"""Hopper warpgroup MMA (wgmma.mma_async, sm_90a) as Numba intrinsics, and their simulator emulation.
+
+A warpgroup (4 consecutive warps, 128 threads) multiplies A [64, 16 nk] (registers: each warp's
+16 rows in mma.m16n8k16's A fragment, 4 words per k16 step) by B [16 nk, n] read from shared
+memory through a 64-bit matrix descriptor, into f32 accumulators laid out per warp as n / 8
+m16n8 C fragments (`acc[j, e]`: row 16 warp + gid + 8 (e >> 1), column 8 j + 2 tig + (e & 1)).
+One intrinsic issues the nk k16 steps back to back between `wgmma.fence` and commit + wait 0,
+so to the code around it the MMA is synchronous (other warps and blocks overlap it).
+
+B is stored without swizzle as 8x8 core matrices of 16-bit values, 128 contiguous bytes each
+(8 rows of 16 bytes). K-major (trans_b 0): a core row runs along K. N-major (trans_b 1): along N.
+The descriptor's leading byte offset (LBO) is the distance between K-adjacent cores and the
+stride byte offset (SBO) between N-adjacent ones, for both majors: measured on the H200 by
+bench/wgmma_probe.py (c513766: every (LBO = K step, SBO = N step) case correct, the swapped
+readings wrong or faulting). Each k16 step advances the start address by `step` bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import config, cuda, types
+from numba.extending import intrinsic
+
+from coldkv.numba_kernels.mma_ptx import _smem_ptr
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+
+
+def _desc_hi(lbo: int, sbo: int) -> int:
+    """The descriptor's constant bits: LBO and SBO (>> 4, 14 bits each), no swizzle, base offset 0."""
+    assert lbo % 16 == 0 and sbo % 16 == 0 and lbo < 1 << 18 and sbo < 1 << 18
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
+
+
+def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
+    """Intrinsic f(acc, a, sarr, word) -> None: acc [n / 8, 4] f32 (+)= A @ B, A = a [nk, 4] uint32
+    fragments, B at shared sarr[word] (32-bit words), k16 step s at + s * step bytes."""
+    dt = "bf16" if bf16 else "f16"
+    na = n // 2  # accumulators per thread
+    d = ", ".join(f"${i}" for i in range(na))
+    A0 = na  # operand index of the first A word, then the descriptor
+    DESC = na + 4 * nk
+    lines = ["{ .reg .b64 dk;", "wgmma.fence.sync.aligned;"]
+    for s in range(nk):
+        a = ", ".join(f"${A0 + 4 * s + i}" for i in range(4))
+        src = f"${DESC}"
+        if s:
+            lines.append(f"add.s64 dk, ${DESC}, {(s * step) >> 4};")
+            src = "dk"
+        scale_d = 1 if accumulate or s else 0
+        lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dt}.{dt} {{{d}}}, {{{a}}}, {src}, "
+                     f"{scale_d}, 1, 1, {int(trans_b)};")
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    ptx = "\n".join(lines)
+    cons = ",".join(["=f"] * na + ["r"] * (4 * nk) + ["l"] + ([str(i) for i in range(na)] if accumulate else []))
+    hi = _desc_hi(lbo, sbo)
+    assert step % 16 == 0
+
+    def codegen(context, builder, sig, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        aw = context.make_array(sig.args[1])(context, builder, args[1]).data
+        addr = _smem_ptr(context, builder, sig.args[2], args[2], context.cast(builder, args[3], sig.args[3], types.uint32))
+        lo = builder.and_(builder.lshr(addr, ir.Constant(i32, 4)), ir.Constant(i32, 0x3FFF))
+        desc = builder.or_(builder.zext(lo, i64), ir.Constant(i64, hi))
+        ins = [builder.load(builder.gep(aw, [ir.Constant(i64, i)])) for i in range(4 * nk)] + [desc]
+        lt = [i32] * (4 * nk) + [i64]
+        if accumulate:
+            ins += [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
+            lt += [f32] * na
+        rt = ir.LiteralStructType([f32] * na)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, lt), ptx, cons + ",~{memory}", side_effect=True), ins)
+        for i in range(na):
+            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    def wgmma(typingctx, acc, a, sarr, word):
+        return types.void(acc, a, sarr, word), codegen
+
+    if SIMULATED:
+        return _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step)
+    return intrinsic(wgmma)
+
+
+_WGMMA: dict = {}
+
+
+def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
+    """The (cached) intrinsic of `_wgmma`: m64 n{n} k16 x nk, A from registers, B by descriptor."""
+    key = (n, nk, bf16, trans_b, accumulate, lbo, sbo, step)
+    if key not in _WGMMA:
+        _WGMMA[key] = _wgmma(*key)
+    return _WGMMA[key]
+
+
+@cuda.jit(device=True, inline=True)
+def no_wgmma(acc, a, sarr, word):
+    """What a build without wgmma calls in its place (never run)."""
+    return
+
+
+@intrinsic
+def fence_proxy_async(typingctx):
+    """Make this thread's shared-memory writes (st.shared, cp.async once waited for) visible to
+    the async proxy that wgmma reads shared memory with; then a barrier for the other threads."""
+    def codegen(context, builder, sig, args):
+        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "fence.proxy.async.shared::cta;",
+                                  "~{memory}", side_effect=True), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+# ------------------------------------------------------------------------------ simulator
+def _sim_group_gather(value):
+    """Every thread of the calling simulator thread's warpgroup publishes `value`; returns all 128
+    and the caller's index in the group (a barrier per (block, warpgroup))."""
+    import threading
+
+    from coldkv.numba_kernels import mma_ptx
+
+    if mma_ptx._sim_lock is None:
+        mma_ptx._sim_lock = threading.Lock()
+    t = threading.current_thread()
+    manager = t._manager
+    bx, by, bz = manager._block_dim
+    group = t.thread_id // 128
+    key = (tuple(t.blockIdx), "wg", group)
+    with mma_ptx._sim_lock:
+        table = manager.__dict__.setdefault("_coldkv_mma_warps", {})
+        st = table.get(key)
+        if st is None:
+            st = table[key] = (threading.Barrier(min(128, bx * by * bz - 128 * group), timeout=120.0), [None] * 128)
+    barrier, vals = st
+    vals[t.thread_id % 128] = value
+    barrier.wait()
+    out = list(vals)
+    barrier.wait()
+    return out, t.thread_id % 128
+
+
+def _sim_halves_to_f32(h, bf16):
+    h = np.asarray(h, np.uint32) & 0xFFFF
+    return (h << 16).view(np.float32) if bf16 else h.astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
+    """The wgmma of `_wgmma` from the PTX ISA's layouts: B's element (k, col) of step s is the
+    16-bit value at byte word * 4 + s step + (k >> 3) LBO + (col >> 3) SBO + the in-core offset
+    ((col & 7) 16 + (k & 7) 2 K-major, (k & 7) 16 + (col & 7) 2 N-major); A's fragments as
+    mma.m16n8k16's, warp w of the group holding rows 16 w ..."""
+    s_, k, col = np.meshgrid(np.arange(nk), np.arange(16), np.arange(n), indexing="ij")
+    inner = (k & 7) * 16 + (col & 7) * 2 if trans_b else (col & 7) * 16 + (k & 7) * 2
+    b_bytes = (s_ * step + (k >> 3) * lbo + (col >> 3) * sbo + inner).reshape(16 * nk, n)
+    t, s_, i = np.meshgrid(np.arange(128), np.arange(nk), np.arange(4), indexing="ij")
+    g, q = (t % 32) >> 2, t & 3
+    a_rows = 16 * (t // 32) + g + 8 * (i & 1)  # words: (g, 2q) (g + 8, 2q) (g, 2q + 8) (g + 8, 2q + 8)
+    a_cols = 16 * s_ + 2 * q + 8 * (i >> 1)
+
+    def wgmma(acc, a, sarr, word):
+        frags, me = _sim_group_gather(np.array(a, np.uint32).copy())
+        F = np.stack(frags)  # [128, nk, 4]
+        A = np.zeros((64, 16 * nk), np.float32)
+        A[a_rows, a_cols] = _sim_halves_to_f32(F, bf16)
+        A[a_rows, a_cols + 1] = _sim_halves_to_f32(F >> 16, bf16)
+        halves = np.asarray(sarr).view(np.uint16)
+        B = _sim_halves_to_f32(halves[(4 * int(word) + b_bytes) // 2], bf16)
+        w, g, q = me // 32, (me % 32) >> 2, me & 3
+        D = A[16 * w: 16 * w + 16].astype(np.float64) @ B.astype(np.float64)
+        for j in range(n // 8):
+            for e in range(4):
+                v = D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)]
+                acc[j, e] = np.float32(v + (acc[j, e] if accumulate else 0.0))
+        _sim_group_gather(None)  # no thread's shared stores may overtake another's reads
+
+    return wgmma
+
+
+if SIMULATED:
+    def fence_proxy_async():  # noqa: F811 (the simulator has one memory proxy)
+        return None
