@@ -72,7 +72,7 @@ def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
     attention_cuda's "auto" picks ("auto" its own choice per format; a name of _PREFILL_KERNELS
     swaps its module-level chooser, for an A/B in one run)."""
     kern = _PREFILL_KERNELS.get(prefill_attention)
-    attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf: kern)
+    attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf, D=128: kern)
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")

@@ -618,13 +618,30 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0,
               (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
-def _prefill_auto(kf, vf):
+def _prefill_auto(kf, vf, D: int = 128):
     """(prefill kernel, warps per block) that kernel="auto" runs for T > 1 (paged_attention_cuda's
-    mma_prefill / mma_warps). H200, 6390c47, T=2048, 32/8/128 (bench/results/attention_prefill_T2048.json):
-    "fa" (FA2-style shared, double-buffered K/V tiles) beat "rows" and "smem8" at every context:
-    131072 tokens bf16 31.8 ms (rows 55.1, smem8 75.5), nvfp4 39.9 ms (rows 65.1, smem8 48.3); 8 warps
-    measured the same as 4. int8/iso3 were not timed; they share the 4-bit/int8 decode-to-shared path."""
+    mma_prefill / mma_warps). On an sm_90 GPU at head_dim <= 128: "wg" with two warpgroups a block
+    (the fa kernel on wgmma). H200, 2379591, T 2048 at 32768 keys (bench/results/attention_prefill_wg.json),
+    us fa / wg / wg8: bf16 32/8/128 4809 / 6841 / 4256, 4/2/128 723 / 1003 / 681; nvfp4 (decoded in
+    the kernel) 32/8/128 5834 / 3943 / 3688, 4/2/128 855 / 583 / 660. Elsewhere "fa": at 6390c47 it
+    beat "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
+    if D <= 128 and _has_wgmma():
+        return ("wg", 8)
     return ("fa", NWARPS)
+
+
+_WGMMA_DEVICE: list = []
+
+
+def _has_wgmma() -> bool:
+    """Whether the current GPU runs wgmma (sm_90 only: Blackwell has no wgmma); never under the simulator."""
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return False
+    if not _WGMMA_DEVICE:
+        _WGMMA_DEVICE.append(tuple(cuda.get_current_device().compute_capability) == (9, 0))
+    return _WGMMA_DEVICE[0]
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,
@@ -684,7 +701,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None):
+                         mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -709,7 +726,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
-    mma_mtiles (m-tiles per warp of "rows") / mma_warps: tuning knobs of the benchmark
+    mma_mtiles (m-tiles per warp of "rows") / mma_warps / mma_chb (keys per shared tile of "wg"): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -741,7 +758,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    auto_prefill, auto_warps = _prefill_auto(k_fmt, v_fmt)
+    auto_prefill, auto_warps = _prefill_auto(k_fmt, v_fmt, D)
     prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
     if mma_warps is None:
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
@@ -755,9 +772,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         if fa and prefill_scratch is not None:
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
-                                                    smem, mma_warps, pre=pre)
+                                                    smem, mma_warps, mma_chb if smem == "wg" else 0, pre=pre)
         threads = 32 * mma_warps if smem else THREADS
-        dyn = attention_prefill.wg_smem_bytes(D) if smem == "wg" else 0
+        dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if smem == "wg" else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)
         if dyn:
             attention_prefill.wg_prepare(kern, sig, dyn)
