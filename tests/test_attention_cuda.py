@@ -109,7 +109,6 @@ def _kernel_kw(kernel):
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
             "mma_wg": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 4},
             "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8},
-            "mma_wg8_c128": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_chb": 128},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -238,7 +237,6 @@ def test_prefill_chunk_causal(T, L):
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
-        ("mma_wg8_c128", "bf16", "bf16", 2, 128, 40, 300, 64),  # 128-key tiles at d 128
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
         ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
@@ -257,6 +255,8 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 256, smem="wg")
     with pytest.raises(ValueError, match="whole warpgroups"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, smem="wg", warps=6)
+    with pytest.raises(ValueError, match="8192 / head_dim"):  # wrong on the H200, right in the simulator
+        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, smem="wg", warps=8, chb=128)
 
 
 def test_pipelined_decode_equals_plain_with_unallocated_pages():

@@ -786,11 +786,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     as m64 n D with P from registers. The tiles are stored as 8x8 core matrices ([key / 8][dim /
     8][8 keys][16 bytes], `wg_off`), the layout wgmma reads without swizzle, and live in dynamic
     shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
-    limit). chb: keys per tile (default 4096 / D, wg 8192 / D)."""
+    limit). chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
+    128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator case passed)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
         raise ValueError("attention_prefill: the wgmma kernel needs head_dim <= 128 and whole warpgroups")
+    if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
+        raise ValueError("attention_prefill: the wgmma kernel's tiles are at most 8192 / head_dim keys")
     NS = D // 16
     NC = D // 8  # 16-byte chunks (8 dims) of a shared row
     RS = D // 2  # u32 words of a shared row

@@ -32,10 +32,9 @@ def _desc_hi(lbo: int, sbo: int) -> int:
     return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
 
 
-def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int,
-           a0: int = 0):
-    """Intrinsic f(acc, a, sarr, word) -> None: acc [n / 8, 4] f32 (+)= A @ B, A = a[a0 .. a0 + nk]
-    ([., 4] uint32 fragments), B at shared sarr[word] (32-bit words), k16 step s at + s * step bytes."""
+def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
+    """Intrinsic f(acc, a, sarr, word) -> None: acc [n / 8, 4] f32 (+)= A @ B, A = a [nk, 4] uint32
+    fragments, B at shared sarr[word] (32-bit words), k16 step s at + s * step bytes."""
     dt = "bf16" if bf16 else "f16"
     na = n // 2  # accumulators per thread
     d = ", ".join(f"${i}" for i in range(na))
@@ -64,7 +63,7 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
         addr = _smem_ptr(context, builder, sig.args[2], args[2], context.cast(builder, args[3], sig.args[3], types.uint32))
         lo = builder.and_(builder.lshr(addr, ir.Constant(i32, 4)), ir.Constant(i32, 0x3FFF))
         desc = builder.or_(builder.zext(lo, i64), ir.Constant(i64, hi))
-        ins = [builder.load(builder.gep(aw, [ir.Constant(i64, 4 * a0 + i)])) for i in range(4 * nk)] + [desc]
+        ins = [builder.load(builder.gep(aw, [ir.Constant(i64, i)])) for i in range(4 * nk)] + [desc]
         lt = [i32] * (4 * nk) + [i64]
         if accumulate:
             ins += [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
@@ -79,37 +78,18 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
         return types.void(acc, a, sarr, word), codegen
 
     if SIMULATED:
-        return _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step, a0)
+        return _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step)
     return intrinsic(wgmma)
 
 
 _WGMMA: dict = {}
 
 
-_MAX_OPERANDS = 150  # asm operands of one block (see `wgmma`)
-
-
 def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
-    """The (cached) intrinsic of `_wgmma`: m64 n{n} k16 x nk, A from registers, B by descriptor.
-    Above _MAX_OPERANDS asm operands the k16 steps go into two asm blocks (the second
-    accumulating): 128-key tiles at d 128 (161 operands in one block) gave wrong outputs on the
-    H200 at cbac499 while their simulator case passed; this tests whether the block size is why."""
+    """The (cached) intrinsic of `_wgmma`: m64 n{n} k16 x nk, A from registers, B by descriptor."""
     key = (n, nk, bf16, trans_b, accumulate, lbo, sbo, step)
     if key not in _WGMMA:
-        ops = n // 2 * (2 if accumulate else 1) + 4 * nk + 1
-        if ops <= _MAX_OPERANDS or nk == 1:
-            _WGMMA[key] = _wgmma(*key)
-        else:
-            h = nk // 2
-            first = _wgmma(n, h, bf16, trans_b, accumulate, lbo, sbo, step)
-            second = _wgmma(n, nk - h, bf16, trans_b, True, lbo, sbo, step, h)
-            off = h * step // 4
-
-            def split(acc, a, sarr, word):
-                first(acc, a, sarr, word)
-                second(acc, a, sarr, word + off)
-
-            _WGMMA[key] = split if SIMULATED else cuda.jit(device=True, inline=True)(split)
+        _WGMMA[key] = _wgmma(*key)
     return _WGMMA[key]
 
 
@@ -164,7 +144,7 @@ def _sim_halves_to_f32(h, bf16):
     return (h << 16).view(np.float32) if bf16 else h.astype(np.uint16).view(np.float16).astype(np.float32)
 
 
-def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step, a0=0):
+def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
     """The wgmma of `_wgmma` from the PTX ISA's layouts: B's element (k, col) of step s is the
     16-bit value at byte word * 4 + s step + (k >> 3) LBO + (col >> 3) SBO + the in-core offset
     ((col & 7) 16 + (k & 7) 2 K-major, (k & 7) 16 + (col & 7) 2 N-major); A's fragments as
@@ -178,7 +158,7 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step, a0=0):
     a_cols = 16 * s_ + 2 * q + 8 * (i >> 1)
 
     def wgmma(acc, a, sarr, word):
-        frags, me = _sim_group_gather(np.array(a, np.uint32)[a0: a0 + nk].copy())
+        frags, me = _sim_group_gather(np.array(a, np.uint32).copy())
         F = np.stack(frags)  # [128, nk, 4]
         A = np.zeros((64, 16 * nk), np.float32)
         A[a_rows, a_cols] = _sim_halves_to_f32(F, bf16)
