@@ -343,9 +343,10 @@ def _sim_mul_f16x2(a, b):
 _sim_lock = None
 
 
-def _sim_allgather(value):
-    """Every lane of the calling simulator thread's warp publishes `value`; returns all 32 (the
-    simulator runs each CUDA thread as a Python thread; a barrier per (block, warp))."""
+def _sim_allgather(value, size: int = 32):
+    """Every thread of the calling simulator thread's group of `size` consecutive threads (a warp,
+    or a warpgroup of 128) publishes `value`; returns all of them and the caller's index in the
+    group (the simulator runs each CUDA thread as a Python thread; a barrier per (block, group))."""
     import threading
 
     global _sim_lock
@@ -354,19 +355,19 @@ def _sim_allgather(value):
     t = threading.current_thread()
     manager = t._manager
     bx, by, bz = manager._block_dim
-    warp = t.thread_id // 32
-    key = (tuple(t.blockIdx), warp)
+    group = t.thread_id // size
+    key = (tuple(t.blockIdx), size, group)
     with _sim_lock:
         table = manager.__dict__.setdefault("_coldkv_mma_warps", {})
         st = table.get(key)
         if st is None:
-            st = table[key] = (threading.Barrier(min(32, bx * by * bz - 32 * warp), timeout=120.0), [None] * 32)
+            st = table[key] = (threading.Barrier(min(size, bx * by * bz - size * group), timeout=120.0), [None] * size)
     barrier, vals = st
-    vals[t.thread_id % 32] = value
+    vals[t.thread_id % size] = value
     barrier.wait()
     out = list(vals)
     barrier.wait()
-    return out, t.thread_id % 32
+    return out, t.thread_id % size
 
 
 def _sim_mma(conv):

@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba import config, cuda, types
 from numba.extending import intrinsic
 
-from coldkv.numba_kernels.mma_ptx import _smem_ptr
+from coldkv.numba_kernels.mma_ptx import _sim_allgather, _smem_ptr
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -112,33 +112,6 @@ def fence_proxy_async(typingctx):
 
 
 # ------------------------------------------------------------------------------ simulator
-def _sim_group_gather(value):
-    """Every thread of the calling simulator thread's warpgroup publishes `value`; returns all 128
-    and the caller's index in the group (a barrier per (block, warpgroup))."""
-    import threading
-
-    from coldkv.numba_kernels import mma_ptx
-
-    if mma_ptx._sim_lock is None:
-        mma_ptx._sim_lock = threading.Lock()
-    t = threading.current_thread()
-    manager = t._manager
-    bx, by, bz = manager._block_dim
-    group = t.thread_id // 128
-    key = (tuple(t.blockIdx), "wg", group)
-    with mma_ptx._sim_lock:
-        table = manager.__dict__.setdefault("_coldkv_mma_warps", {})
-        st = table.get(key)
-        if st is None:
-            st = table[key] = (threading.Barrier(min(128, bx * by * bz - 128 * group), timeout=120.0), [None] * 128)
-    barrier, vals = st
-    vals[t.thread_id % 128] = value
-    barrier.wait()
-    out = list(vals)
-    barrier.wait()
-    return out, t.thread_id % 128
-
-
 def _sim_halves_to_f32(h, bf16):
     h = np.asarray(h, np.uint32) & 0xFFFF
     return (h << 16).view(np.float32) if bf16 else h.astype(np.uint16).view(np.float16).astype(np.float32)
@@ -158,7 +131,7 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
     a_cols = 16 * s_ + 2 * q + 8 * (i >> 1)
 
     def wgmma(acc, a, sarr, word):
-        frags, me = _sim_group_gather(np.array(a, np.uint32).copy())
+        frags, me = _sim_allgather(np.array(a, np.uint32).copy(), 128)
         F = np.stack(frags)  # [128, nk, 4]
         A = np.zeros((64, 16 * nk), np.float32)
         A[a_rows, a_cols] = _sim_halves_to_f32(F, bf16)
@@ -171,7 +144,7 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
             for e in range(4):
                 v = D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)]
                 acc[j, e] = np.float32(v + (acc[j, e] if accumulate else 0.0))
-        _sim_group_gather(None)  # no thread's shared stores may overtake another's reads
+        _sim_allgather(None, 128)  # no thread's shared stores may overtake another's reads
 
     return wgmma
 
