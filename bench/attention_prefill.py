@@ -62,7 +62,8 @@ PATHS = {"rows": {"kernel": "mma", "mma_prefill": "rows"}, "tok": {"kernel": "mm
          "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128},
          # the same on Hopper warpgroup MMAs (sm_90a): one or two warpgroups a block
          "wg": {"kernel": "mma", "mma_prefill": "wg"},
-         "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8}}
+         "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
+         "wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

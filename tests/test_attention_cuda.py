@@ -108,7 +108,8 @@ def _kernel_kw(kernel):
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
             "mma_wg": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 4},
-            "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8},
+            "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
+            "mma_wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -237,6 +238,7 @@ def test_prefill_chunk_causal(T, L):
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
+        ("mma_wg8pp", "bf16", "nvfp4", 4, 64, 20, 150, 16),  # taking turns (named barriers: no-ops here)
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
         ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
@@ -530,7 +532,7 @@ def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8", "mma_wg8"])
+@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8", "mma_wg8", "mma_wg8pp"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -540,7 +542,7 @@ def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8", "mma_wg", "mma_wg8"])
+@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

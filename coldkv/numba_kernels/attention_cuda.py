@@ -631,6 +631,7 @@ def _prefill_auto(kf, vf, D: int = 128):
 
 
 _WGMMA_DEVICE: list = []
+_WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefill._build_prefill_fa pingpong)
 
 
 def _has_wgmma() -> bool:
@@ -701,7 +702,8 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
-                         mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0):
+                         mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
+                         mma_pingpong=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -726,7 +728,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
-    mma_mtiles (m-tiles per warp of "rows") / mma_warps / mma_chb (keys per shared tile of "wg"): tuning knobs of the benchmark
+    mma_mtiles (m-tiles per warp of "rows") / mma_warps / mma_chb (keys per shared tile of "wg") /
+    mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores; None = _WG_PINGPONG): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -772,7 +775,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         if fa and prefill_scratch is not None:
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
-                                                    smem, mma_warps, mma_chb if smem == "wg" else 0, pre=pre)
+                                                    smem, mma_warps, mma_chb if smem == "wg" else 0, pre=pre,
+                                                    pingpong=_WG_PINGPONG if mma_pingpong is None else mma_pingpong)
         threads = 32 * mma_warps if smem else THREADS
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if smem == "wg" else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)

@@ -22,7 +22,7 @@ from coldkv.numba_kernels.mma_ptx import (
     cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_e2m1, dec_i8, dec_iso3, e4m3x2, ex2, ldg2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16,
     mul_f16x2, pack_bf16, pack_f16, prmt, sts4, SIMULATED)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
-from coldkv.numba_kernels.wgmma_ptx import fence_proxy_async, no_wgmma, wgmma
+from coldkv.numba_kernels.wgmma_ptx import bar_arrive, bar_sync, fence_proxy_async, no_wgmma, wgmma
 
 
 def _build_prefill(kf: int, vf: int, G: int, D: int, devpos: bool, mt: int = 1, max_registers=None):
@@ -762,7 +762,7 @@ def _build_prefill_smem(kf: int, vf: int, G: int, D: int, devpos: bool, W: int =
 
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
-                      pre: tuple = (False, False), wg: bool = False, chb: int = 0):
+                      pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -786,7 +786,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     as m64 n D with P from registers. The tiles are stored as 8x8 core matrices ([key / 8][dim /
     8][8 keys][16 bytes], `wg_off`), the layout wgmma reads without swizzle, and live in dynamic
     shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
-    limit). chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
+    limit). pingpong (wg, 8 warps): the two warpgroups take turns on the tensor cores through named
+    barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
     128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator case passed)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
@@ -822,6 +823,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
     WG = wg
+    PP = wg and pingpong and W == 8
     wg_s = wg_pv = no_wgmma
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
@@ -1042,6 +1044,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         tqg0 = tqb0 + (warp >> 2) * 4 * TPM
         tqg_last = min(tqg0 + 4 * TPM, T) - 1
         run_g = tqg0 < T
+        grp = warp >> 2
         pa = cuda.local.array((NVS, 4), np.uint32)
         mm = lane >> 3  # ldmatrix: matrix of this lane's row address, row rr of it
         rr = lane & 7
@@ -1105,8 +1108,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
                     issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, False)
                     issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, False)
-            if (run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last):
-                bk = u32(buf * BUFW)
+            run = (run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last)
+            bk = u32(buf * BUFW)
+            # ping-pong (two warpgroups): group 1's S = Q K^T waits for group 0's, group 0's
+            # O += P V for group 1's S, so each group's softmax runs under the other's MMAs.
+            # Every thread passes each named barrier once a tile, whether its group runs or not.
+            if PP and grp == 1:
+                bar_sync(1, 256)
+            if run:
                 if WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
                     wg_s(sv, qa, KS, bk)
                 else:
@@ -1130,6 +1139,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         sv[u + 1, 1] = r1
                         sv[u + 1, 2] = r2
                         sv[u + 1, 3] = r3
+            if PP:
+                bar_arrive(1 + grp, 256)  # group 0: its S is done; group 1: its S is done
+            if run:
                 # ---- scales and the mask (diagonal / end of the split / holes only)
                 # two loops, so that the common tile (no mask) has no per-score branch; bf16
                 # keys (scale 1) skip the second one entirely
@@ -1230,8 +1242,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         acc[n + 1, 1] = r1
                         acc[n + 1, 2] = r2
                         acc[n + 1, 3] = r3
-                if WG:  # ---- O += P V: the warpgroup's 64 rows x D, P from registers
-                    wg_pv(acc, pa, VS, bv)
+            if PP and grp == 0:
+                bar_sync(2, 256)
+            if run and WG:  # ---- O += P V: the warpgroup's 64 rows x D, P from registers
+                wg_pv(acc, pa, VS, bk)
             if nxt:
                 commit_k(KS, nb, kreg, c, key0)
                 commit_v(VS, nb, vreg, c, key0)
@@ -1359,7 +1373,8 @@ _PREFILL: dict = {}
 
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, mt: int = 1, max_registers=None,
-                       smem: bool = False, warps: int = 4, chb: int = 0, pre: tuple = (False, False)):
+                       smem: bool = False, warps: int = 4, chb: int = 0, pre: tuple = (False, False),
+                       pingpong: bool = False):
     """The prefill kernel: `_build_prefill` (per-warp decode, `mt` m-tiles a warp) or, smem=True,
     `_build_prefill_smem` (decode shared by the `warps` warps of a block, chunks of `chb` keys), or
     smem="fa" `_build_prefill_fa` (FA2-style, pipelined shared K/V tiles), or smem="wg" the same on
@@ -1372,12 +1387,15 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, m
     if fa:
         mt = 1
     pre = (bool(pre[0]), bool(pre[1])) if fa else (False, False)
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb), pre)
+    pingpong = bool(pingpong) and smem == "wg"
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(mt), max_registers, smem, int(warps), int(chb), pre,
+           pingpong)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         if fa:
-            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, smem == "wg", chb)
+            _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, smem == "wg", chb,
+                                              pingpong)
         elif smem:
             _PREFILL[key] = _build_prefill_smem(kf, vf, G, D, devpos, warps, chb, max_registers)
         else:

@@ -111,6 +111,26 @@ def fence_proxy_async(typingctx):
     return types.void(), codegen
 
 
+def _bar(op):
+    @intrinsic
+    def bar(typingctx, bid, count):
+        """bar.{op} id, count (named barrier id 1..15, count threads, a multiple of 32)."""
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            vals = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, sig.args)]
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i32]), f"bar.{op} $0, $1;",
+                                      "r,r,~{memory}", side_effect=True), vals)
+            return context.get_dummy_value()
+
+        return types.void(bid, count), codegen
+
+    return bar
+
+
+bar_sync = _bar("sync")  # wait until `count` threads arrived at barrier id (this one included)
+bar_arrive = _bar("arrive")  # count this thread in, without waiting
+
+
 # ------------------------------------------------------------------------------ simulator
 def _sim_halves_to_f32(h, bf16):
     h = np.asarray(h, np.uint32) & 0xFFFF
@@ -152,3 +172,8 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
 if SIMULATED:
     def fence_proxy_async():  # noqa: F811 (the simulator has one memory proxy)
         return None
+
+    def bar_sync(bid, count):  # noqa: F811 (ordering only: the tiles are the same either way)
+        return None
+
+    bar_arrive = bar_sync  # noqa: F811
