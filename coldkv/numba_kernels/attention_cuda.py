@@ -632,6 +632,10 @@ def _prefill_auto(kf, vf, D: int = 128):
 
 _WGMMA_DEVICE: list = []
 _WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefill._build_prefill_fa pingpong)
+# "wg" reads pre-decoded 4-bit planes when given prefill_scratch (as "fa" does). At the kernel level wg8
+# decoding in the block measured faster than bf16-sized tiles (docs/kernels.md, session 13); the A/B
+# end to end is `bench/generate.py --prefill-attention wg8,wg8dec` (not run yet)
+_WG_PREDECODE = True
 
 
 def _has_wgmma() -> bool:
@@ -772,7 +776,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         fa = smem in ("fa", "wg")
         per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
         pre = (False, False)
-        if fa and prefill_scratch is not None:
+        if fa and prefill_scratch is not None and (smem == "fa" or _WG_PREDECODE):
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
                                                     smem, mma_warps, mma_chb if smem == "wg" else 0, pre=pre,
