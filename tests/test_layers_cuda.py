@@ -39,16 +39,16 @@ def test_rms_norm():
 
 
 def test_swiglu_and_to_bf16():
-    gu = (rng.standard_normal((3, 2 * 40)) * 4).astype(np.float32)
-    out = cuda.device_array((3, 40), np.uint16)
+    gu = (rng.standard_normal((3, 2 * 300)) * 4).astype(np.float32)  # 300: two column blocks, one part
+    out = cuda.device_array((3, 300), np.uint16)
     L.launch_swiglu(cuda.to_device(gu), out, S)
     _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
     x = rng.standard_normal(300).astype(np.float32)
     out = cuda.device_array(300, np.uint16)
     L.launch_to_bf16(cuda.to_device(x), out, S)
     np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
-    y = rng.standard_normal((2, 30)).astype(np.float32)
-    b = rng.standard_normal(30).astype(np.float32)
+    y = rng.standard_normal((2, 300)).astype(np.float32)
+    b = rng.standard_normal(300).astype(np.float32)
     dy = cuda.to_device(y)
     L.launch_add_bias(dy, cuda.to_device(b), S)
     np.testing.assert_array_equal(dy.copy_to_host(), y + b)

@@ -293,13 +293,15 @@ def kv_gscale_kernel(part, two_level, gscale):
 
 @cuda.jit
 def swiglu_kernel(gu, out):
-    """out [T, I] u16 = bf16(silu(gate) * up), gu [T, 2I] f32 = (gate | up)."""
+    """out [T, I] u16 = bf16(silu(gate) * up), gu [T, 2I] f32 = (gate | up). Columns on grid x,
+    rows on grid y (strided): no per-element index division, which is a ~70-instruction 64-bit
+    divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on the H200 at c513766)."""
     T, n = out.shape
-    for i in range(cuda.grid(1), T * n, cuda.gridsize(1)):
-        t = i // n
-        c = i % n
-        g = gu[t, c]
-        out[t, c] = bf16_enc(g / (np.float32(1.0) + math.exp(-g)) * gu[t, n + c])
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c < n:
+        for t in range(cuda.blockIdx.y, T, cuda.gridDim.y):
+            g = gu[t, c]
+            out[t, c] = bf16_enc(g / (np.float32(1.0) + math.exp(-g)) * gu[t, n + c])
 
 
 @cuda.jit
@@ -311,15 +313,23 @@ def to_bf16_kernel(x, out):
 
 @cuda.jit
 def add_bias_kernel(y, b):
-    """y [T, n] f32 += b [n]."""
+    """y [T, n] f32 += b [n]; laid out as swiglu_kernel (no per-element division)."""
     T, n = y.shape
-    for i in range(cuda.grid(1), T * n, cuda.gridsize(1)):
-        y[i // n, i % n] += b[i % n]
+    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if c < n:
+        bc = b[c]
+        for t in range(cuda.blockIdx.y, T, cuda.gridDim.y):
+            y[t, c] += bc
 
 
 # ==================================================================================== launchers
 def _blocks(n: int, threads: int = 256, cap: int = 1024) -> int:
     return max(1, min(cap, -(-n // threads)))
+
+
+def _grid_rows(T: int, n: int, threads: int = 256) -> tuple:
+    """(column blocks, row blocks) of a [T, n] elementwise kernel: rows beyond 65535 blocks stride."""
+    return max(1, -(-n // threads)), max(1, min(T, 65535))
 
 
 def launch_embed(tokens, table, x, stream):
@@ -350,7 +360,7 @@ def launch_kv_gscale(kv, pos, two_level, gscale, part, stream):
 
 
 def launch_swiglu(gu, out, stream):
-    swiglu_kernel[_blocks(out.size), 256, stream](gu, out)
+    swiglu_kernel[_grid_rows(*out.shape), 256, stream](gu, out)
 
 
 def launch_to_bf16(x, out, stream):
@@ -358,7 +368,7 @@ def launch_to_bf16(x, out, stream):
 
 
 def launch_add_bias(y, b, stream):
-    add_bias_kernel[_blocks(y.size), 256, stream](y, b)
+    add_bias_kernel[_grid_rows(*y.shape), 256, stream](y, b)
 
 
 # ==================================================================================== PTX check
