@@ -13,18 +13,17 @@ bench/attention_decode.py does), then per row:
   2. time, CUDA events, 1 GiB L2 flush before each call, median of --repeats:
        `tok`  the previous path: the decode kernel with one query token per warp split
               (kernel="mma", mma_prefill=False), every token re-reads and re-decodes its K/V;
-       `rows` the prefill kernel with MMA rows = (query token, q head), each warp decoding its K/V
-              (mma_prefill="rows", the default of kernel="auto" for T > 1 at cc0384c);
-       `smem` / `smem8` the same rows with the K/V decode shared by the block's 4 / 8 warps in
-              shared memory (mma_prefill="smem");
+       `fa` / `fa8` the prefill kernel with MMA rows = (query token, q head) and K/V tiles
+              shared by the block's 4 / 8 warps (mma_prefill="fa", mma.sync);
+       `wg` / `wg8` / `wg8pp` the same on warpgroup MMAs (mma_prefill="wg", sm_90a; wg8pp: the
+              two warpgroups take turns); kernel="auto" picks wg8 on an H200;
        SDPA   torch scaled_dot_product_attention on bf16 q/K/V [1, heads, T | L, D] with the same
               causal chunk mask (lower-right aligned: causal_lower_right, enable_gqa), which is
               checked against an explicit boolean mask once at start-up.
 
 Napkin math (docs/kernels.md): attention FLOPs of the chunk = 4 T L_avg Hq D (QK^T and PV, 2 per
-multiply-add), L_avg = pos0 + (T + 1) / 2; SDPA runs them on bf16 tensor cores. coldkv's kernels
-are bound by the decode of the K/V codes: the `tok` path decodes every key once per query token
-and kv head; `rows` once per 16 // G query tokens.
+multiply-add), L_avg = pos0 + (T + 1) / 2; SDPA runs them on bf16 tensor cores. The `tok` path
+decodes every key once per query token and kv head, the prefill kernels once per query block.
 """
 from __future__ import annotations
 
@@ -52,9 +51,7 @@ from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
 FORMATS = {"bf16": (Q.BF16, Q.BF16), "nvfp4": (Q.NVFP4, Q.NVFP4)}
-PATHS = {"rows": {"kernel": "mma", "mma_prefill": "rows"}, "tok": {"kernel": "mma", "mma_prefill": False},
-         "smem": {"kernel": "mma", "mma_prefill": "smem"},
-         "smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
+PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          # FA2-style kernel (attention_prefill._build_prefill_fa), the auto default since 6390c47
          "fa": {"kernel": "mma", "mma_prefill": "fa"},
          "fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
@@ -166,7 +163,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
     ap.add_argument("--formats", nargs="*", default=list(FORMATS))
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 4/2/128")
-    ap.add_argument("--paths", nargs="*", default=["rows", "tok"])
+    ap.add_argument("--paths", nargs="*", default=["fa", "wg8"])
     ap.add_argument("--T", type=int, default=T_CHUNK)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_prefill.json"))

@@ -62,7 +62,7 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     return out
 
 
-_PREFILL_KERNELS = {"rows": ("rows", 4), "smem": ("smem", 4), "smem8": ("smem", 8), "fa": ("fa", 4), "wg": ("wg", 4),
+_PREFILL_KERNELS = {"fa": ("fa", 4), "wg": ("wg", 4),
                     "wg8": ("wg", 8, False), "wg8pp": ("wg", 8, True),
                     "wg8dec": ("wg", 8, False, False)}  # (kernel, warps, ping-pong, pre-decoded 4-bit planes)
 _AUTO = attention_cuda._prefill_auto
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), rows, smem, smem8, fa, wg, wg8, wg8pp, wg8dec (4-bit planes decoded in the kernel); each "
+                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp, wg8dec (4-bit planes decoded in the kernel); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")

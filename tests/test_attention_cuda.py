@@ -100,9 +100,6 @@ def _kernel_kw(kernel):
     decode kernel for T > 1 too (one query token per warp, the previous prefill path)."""
     return {"mma_i64": {"kernel": "mma", "mma_u64": False},
             "mma_tok": {"kernel": "mma", "mma_prefill": False},
-            "mma_rows": {"kernel": "mma", "mma_prefill": "rows"},
-            "mma_smem": {"kernel": "mma", "mma_prefill": "smem"},
-            "mma_smem8": {"kernel": "mma", "mma_prefill": "smem", "mma_warps": 8},
             # the "fa" prefill kernel (FA2-style shared tiles, the auto default)
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
@@ -224,8 +221,6 @@ def test_prefill_chunk_causal(T, L):
     ("mma", "nvfp4", "int8", 4, 64, 1, 120, 8),  # 4 blocks, warps merged per block, one warp empty
     ("mma_pipe", "int8", "iso3", 2, 64, 1, 134, 32),  # software-pipelined: 2 chunks per page, part pages
     ("mma_pipe", "bf16", "nvfp4", 4, 64, 1, 45, 8),  # pages shorter than a chunk
-    ("mma_rows", "bf16", "int8", 2, 64, 4, 20, 16),
-    ("mma_smem", "nvfp4", "iso3", 2, 64, 8, 40, 16),
     ("mma_fa", "nvfp4", "iso3", 2, 64, 8, 90, 16),  # pages smaller than its 64-key tiles
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
@@ -240,9 +235,7 @@ def test_prefill_chunk_causal(T, L):
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
         ("mma_wg8pp", "bf16", "nvfp4", 4, 64, 20, 150, 16),  # taking turns (named barriers: no-ops here)
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
-        ("mma_smem", "bf16", "nvfp4", 1, 64, 20, 30, 8), ("mma_smem", "int8", "iso3", 8, 64, 3, 50, 16),
-        ("mma_smem", "nvfp4", "int8", 2, 128, 12, 12, 16), ("mma_smem", "iso3", "bf16", 6, 64, 5, 33, 16),
-        ("mma_smem", "nvfp4", "iso3", 2, 64, 40, 60, 16), ("mma_rows", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
+        ("mma_fa", "int8", "iso3", 8, 64, 3, 50, 16), ("mma_fa", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
 def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=1, P=P, seed=T + L,
                    ws=A.AttentionWorkspace(16, T, G, D), kernel=kernel)
@@ -254,11 +247,11 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
     from coldkv.numba_kernels import attention_prefill as AP
 
     with pytest.raises(ValueError, match="head_dim <= 128"):
-        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 256, smem="wg")
+        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 256, kind="wg")
     with pytest.raises(ValueError, match="whole warpgroups"):
-        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, smem="wg", warps=6)
+        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=6)
     with pytest.raises(ValueError, match="8192 / head_dim"):  # wrong on the H200, right in the simulator
-        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, smem="wg", warps=8, chb=128)
+        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, chb=128)
 
 
 def test_pipelined_decode_equals_plain_with_unallocated_pages():
@@ -519,11 +512,11 @@ def test_gpu_decode_int8_keys(vname, G, D, P, kernel):
     ("nvfp4", "iso3", 4, 128, 96, 2500, 64), ("int8", "nvfp4", 6, 256, 50, 1200, 64),
     ("bf16", "int8", 1, 64, 70, 900, 16), ("iso3", "bf16", 8, 128, 40, 700, 8),
     ("nvfp4", "bf16", 2, 128, 300, 300, 64)])  # a first chunk (pos0 = 0): rows see < 1 split
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_wg"])
-def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
-    """The prefill kernels ((token, head) rows; per-warp or block-shared decode): every format as
-    K and V, G 1..8 (G 6 and 8 leave rows unused), pages smaller than their key chunks, chunks not
-    a multiple of their blocks."""
+@pytest.mark.parametrize("kernel", ["mma_fa", "mma_wg"])
+def test_gpu_prefill_kernels(kname, vname, G, D, T, L, P, kernel):
+    """The prefill kernels ((token, head) rows, shared K/V tiles; mma.sync and wgmma): every format
+    as K and V, G 1..8 (G 6 and 8 leave rows unused), pages smaller than their key tiles, chunks
+    not a multiple of their blocks."""
     if kernel == "mma_wg" and D > 128:
         pytest.skip("the wgmma kernel is for head_dim <= 128 (its O accumulators)")
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L,
@@ -532,17 +525,17 @@ def test_gpu_prefill_rows_kernel(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_smem8", "mma_fa8", "mma_wg8", "mma_wg8pp"])
+@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
-def test_gpu_prefill_smem_8_warps(kname, vname, G, D, T, L, P, kernel):
+def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 1,
                    ws=A.AttentionWorkspace(64, T, G * 2, D), kernel=kernel)
     check(*res)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_rows", "mma_smem", "mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp"])
+@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

@@ -624,7 +624,8 @@ def _prefill_auto(kf, vf, D: int = 128):
     (the fa kernel on wgmma). H200, 2379591, T 2048 at 32768 keys (bench/results/attention_prefill_wg.json),
     us fa / wg / wg8: bf16 32/8/128 4809 / 6841 / 4256, 4/2/128 723 / 1003 / 681; nvfp4 (decoded in
     the kernel) 32/8/128 5834 / 3943 / 3688, 4/2/128 855 / 583 / 660. Elsewhere "fa": at 6390c47 it
-    beat "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
+    beat the since removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1,
+    smem8 75.5)."""
     if D <= 128 and _has_wgmma():
         return ("wg", 8)
     return ("fa", NWARPS)
@@ -651,8 +652,8 @@ def _has_wgmma() -> bool:
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,
                  resident: int = 0):
-    """(query blocks, splits) of the prefill kernel (attention_prefill rows kernel): blocks of
-    NWARPS * mt * (16 // G) query tokens; the pages are split so that the grid has ~4 blocks per
+    """(query blocks, splits) of the prefill kernel (attention_prefill): blocks of NWARPS * mt *
+    (16 // G) query tokens (mt: warps per block / NWARPS); the pages are split so that the grid has ~4 blocks per
     SM (its kernels hold ~2 per SM), at most `max_splits` (workspace) and one page per split.
     Given `resident` (blocks of the kernel the GPU holds at once), a grid that fills that wave
     unsplit gets one split: splitting it further only adds the reduce (~70 us per 2048-token
@@ -705,7 +706,7 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
 
 def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales,
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
-                         plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None, mma_mtiles=1,
+                         plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
@@ -725,14 +726,12 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     "fma" the fp32 CUDA-core kernel here (also runs under the simulator), "auto" mma where it
     applies (a GPU, G <= 8). With the tensor-core kernel, a chunk of T > 1 query tokens runs a
     prefill kernel ((token, q head) pairs on the MMA rows): `mma_prefill` None = the default
-    (`_prefill_auto`), "rows" (attention_prefill._build_prefill: each warp decodes the K/V it uses, one
-    decode per 16 // G tokens), "smem" (_build_prefill_smem: the block's `mma_warps` warps share one
-    decode in shared memory), "fa" (_build_prefill_fa: FA2-style, double-buffered shared tiles),
+    (`_prefill_auto`), "fa" (attention_prefill._build_prefill_fa: FA2-style, double-buffered shared tiles),
     "wg" (the same on Hopper warpgroup MMAs, sm_90a, head_dim <= 128, 4 or 8 warps),
     False = the decode kernel (one token per warp, the previous path);
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
-    mma_mtiles (m-tiles per warp of "rows") / mma_warps / mma_chb (keys per shared tile of "wg") /
+    mma_warps / mma_chb (keys per shared tile of "wg") /
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores; None = _WG_PINGPONG): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
@@ -772,26 +771,27 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
-        smem = {"smem": True, "fa": "fa", "wg": "wg"}.get(prefill, False)
-        fa = smem in ("fa", "wg")
-        per_block = mma_warps // NWARPS if smem else mma_mtiles  # tokens per block / (NWARPS * 16 // G)
+        if prefill not in ("fa", "wg"):
+            raise ValueError(f"attention_cuda: mma_prefill {prefill!r} is not a prefill kernel (fa, wg; False for "
+                             "the decode kernel)")
+        wg = prefill == "wg"
+        per_block = mma_warps // NWARPS  # tokens per block / (NWARPS * 16 // G)
         pre = (False, False)
-        if fa and prefill_scratch is not None and (smem == "fa" or _WG_PREDECODE):
+        if prefill_scratch is not None and (not wg or _WG_PREDECODE):
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
-        kern = attention_prefill.get_prefill_kernel(k_fmt, v_fmt, G, D, devpos, mma_mtiles, max_registers or None,
-                                                    smem, mma_warps, mma_chb if smem == "wg" else 0, pre=pre,
-                                                    pingpong=_WG_PINGPONG if mma_pingpong is None else mma_pingpong)
-        threads = 32 * mma_warps if smem else THREADS
-        dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if smem == "wg" else 0
+        kern = attention_prefill.get_prefill_kernel(
+            k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
+            chb=mma_chb if wg else 0, pre=pre, pingpong=_WG_PINGPONG if mma_pingpong is None else mma_pingpong)
+        threads = 32 * mma_warps
+        dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if wg else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)
         if dyn:
             attention_prefill.wg_prepare(kern, sig, dyn)
-        # only "fa"/"wg" write the final output themselves when unsplit; the others always merge
-        resident = _resident_blocks(kern, sig, threads, dyn) if fa else 0
+        resident = _resident_blocks(kern, sig, threads, dyn)
         # workspace rows: max_splits * max_T * Hq, so a chunk of T tokens has this many splits
         nqb, splits = plan_prefill(T, H, G, L_max, P, ws.n_sm, ws.max_splits * ws.max_T // T, per_block, resident)
         ws_acc, ws_ml = ws.views(splits, T)
-        direct = fa and splits == 1
+        direct = splits == 1
         if direct:  # the kernel normalizes and writes out ([1, T, Hq, D] view): no reduce
             ws_acc = out.reshape(1, T, Hq, D)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
