@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchutil import git_commit  # noqa: E402
 
 from coldkv.numba_kernels.mma_ptx import _smem_ptr  # noqa: E402
+from coldkv.numba_kernels.wgmma_ptx import fence_proxy_async  # noqa: E402
 
 N_ACC = 32  # m64n64 f32 accumulator: 64 x 64 / 128 threads
 _F32 = types.float32
@@ -90,17 +91,6 @@ def smem_addr(typingctx, arr):
         return _smem_ptr(context, builder, sig.args[0], args[0], ir.Constant(ir.IntType(32), 0))
 
     return types.uint32(arr), codegen
-
-
-@intrinsic
-def fence_proxy_async(typingctx):
-    """Make this thread's generic-proxy shared stores visible to the async proxy (wgmma reads)."""
-    def codegen(context, builder, sig, args):
-        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "fence.proxy.async.shared::cta;",
-                                  "~{memory}", side_effect=True), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
 
 
 @cuda.jit(device=True)

@@ -35,6 +35,7 @@ closure constants size the register arrays and fix the lane layout); `get_kernel
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -631,7 +632,6 @@ def _prefill_auto(kf, vf, D: int = 128):
     return ("fa", NWARPS)
 
 
-_WGMMA_DEVICE: list = []
 _WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefill._build_prefill_fa pingpong)
 # "wg" reads pre-decoded 4-bit planes when given prefill_scratch (as "fa" does). At the kernel level wg8
 # decoding in the block measured faster than bf16-sized tiles (docs/kernels.md, session 13); the A/B
@@ -639,15 +639,12 @@ _WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefil
 _WG_PREDECODE = True
 
 
+@functools.cache
 def _has_wgmma() -> bool:
     """Whether the current GPU runs wgmma (sm_90 only: Blackwell has no wgmma); never under the simulator."""
     from numba import config
 
-    if config.ENABLE_CUDASIM:
-        return False
-    if not _WGMMA_DEVICE:
-        _WGMMA_DEVICE.append(tuple(cuda.get_current_device().compute_capability) == (9, 0))
-    return _WGMMA_DEVICE[0]
+    return not config.ENABLE_CUDASIM and tuple(cuda.get_current_device().compute_capability) == (9, 0)
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,

@@ -47,7 +47,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     wg ("wg", sm_90a): the MMAs are Hopper warpgroup MMAs (wgmma_ptx.py), a warpgroup's 64 rows
     at once with K and V read from shared memory by descriptor: S = Q K^T as m64 n CHB, O += P V
     as m64 n D with P from registers. The tiles are stored as 8x8 core matrices ([key / 8][dim /
-    8][8 keys][16 bytes], `wg_off`), the layout wgmma reads without swizzle, and live in dynamic
+    8][8 keys][16 bytes], `soff`), the layout wgmma reads without swizzle, and live in dynamic
     shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
     limit). pingpong (wg, 8 warps): the two warpgroups take turns on the tensor cores through named
     barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
@@ -61,7 +61,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     NS = D // 16
     NC = D // 8  # 16-byte chunks (8 dims) of a shared row
     RS = D // 2  # u32 words of a shared row
-    CHB = chb or (8192 if wg else 4096) // D  # keys per tile: shared K + V, two buffers = 32 KB (wg 64 KB)
+    CHB = tile_keys(D, wg, chb)
     NKT = CHB // 8
     NVS = CHB // 16
     ND8 = D // 8
@@ -99,6 +99,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if WG:
             return ((key >> 3) * NC + c) * 32 + (key & 7) * 4
         return key * RS + 4 * (c ^ (key & 7))
+
+    @cuda.jit(device=True, inline=True)
+    def tile_barrier():
+        """The next tile has landed (cp.async) and, for wgmma, is visible to the async proxy."""
+        cp_async_wait_all()
+        if WG:
+            fence_proxy_async()
+        cuda.syncthreads()
 
     @cuda.jit(device=True)
     def key_scale(ksr, i, kc):
@@ -346,10 +354,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if ioff >= P:
                 ioff -= P
                 ipg += 1
-        cp_async_wait_all()
-        if WG:
-            fence_proxy_async()
-        cuda.syncthreads()
+        tile_barrier()
         for ti in range(ntiles):
             buf = ti & 1
             k0 = kb + ti * CHB
@@ -526,10 +531,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 if ioff >= P:
                     ioff -= P
                     ipg += 1
-            cp_async_wait_all()
-            if WG:
-                fence_proxy_async()
-            cuda.syncthreads()
+            tile_barrier()
 
         # ---- the warp's partials
         if active:
@@ -653,9 +655,15 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     return _PREFILL[key]
 
 
+def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
+    """Keys per shared K/V tile: chb, else 4096 / D ("fa": K + V, two buffers = 32 KB) or 8192 / D
+    ("wg": 64 KB of dynamic shared memory)."""
+    return chb or (8192 if wg else 4096) // D
+
+
 def wg_smem_bytes(D: int, chb: int = 0) -> int:
-    """Dynamic shared memory of the "wg" kernel: K and V tiles of chb keys, two buffers each."""
-    return 8 * (chb or 8192 // D) * D
+    """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each, 16-bit values."""
+    return 8 * tile_keys(D, True, chb) * D
 
 
 _WG_READY: set = set()

@@ -24,8 +24,8 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for, int8_enc
-from coldkv.numba_kernels.quant import (abs_or_inf, encode_pair, group_mult, group_scale, int8_row_scale,
-                                        ref_bf16_decode, ref_bf16_encode)
+from coldkv.numba_kernels.quant import (BF16, INT8, abs_or_inf, encode_pair, group_mult, group_scale,
+                                        int8_row_scale, ref_bf16_decode, ref_bf16_encode)
 
 ROW_THREADS = 128  # one block per row for the row kernels
 ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain constants)
@@ -90,6 +90,16 @@ def _warp_sum(v):
     return v
 
 
+@cuda.jit(device=True, inline=True)
+def _lanes_max(v, lanes):
+    """Max of v over aligned groups of `lanes` (16 or 32) lanes."""
+    o = lanes // 2
+    while o > 0:
+        v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, o))
+        o //= 2
+    return v
+
+
 @cuda.jit
 def rms_norm_kernel(x, w, eps, out):
     """out [T, n] u16 = bf16(x / sqrt(mean(x^2) + eps) * w); one block of ROW_THREADS per row."""
@@ -125,18 +135,17 @@ def _append_row(fmt, vals, nv, g, table, h, p, codes, scales, lane):
     if page < 0:  # the host maps every position before the launch; a kernel cannot raise
         return
     row = p % P
-    if fmt == 0:  # bf16
+    if fmt == BF16:
         for j in range(MAX_VPL):
             if j < nv:
                 codes[page, row, lane + 32 * j] = bf16_enc(vals[j])
         return
-    if fmt == 1:  # int8: one scale for the row
+    if fmt == INT8:  # one scale for the row
         amax = np.float32(0.0)
         for j in range(MAX_VPL):
             if j < nv:
                 amax = max(amax, abs_or_inf(vals[j]))
-        for o in (16, 8, 4, 2, 1):
-            amax = max(amax, cuda.shfl_xor_sync(0xFFFFFFFF, amax, o))
+        amax = _lanes_max(amax, 32)
         scale, inv = int8_row_scale(amax)
         if lane == 0:
             scales[page, row, 0] = scale
@@ -147,9 +156,7 @@ def _append_row(fmt, vals, nv, g, table, h, p, codes, scales, lane):
     for j in range(MAX_VPL):  # nvfp4 / iso3: lanes 16 k .. 16 k + 15 of slot j hold group 2 j + k
         if j < nv:
             x = vals[j]
-            amax = abs_or_inf(x)
-            for o in (8, 4, 2, 1):
-                amax = max(amax, cuda.shfl_xor_sync(0xFFFFFFFF, amax, o))
+            amax = _lanes_max(abs_or_inf(x), 16)
             sb = group_scale(fmt, amax, g)
             x1 = cuda.shfl_down_sync(0xFFFFFFFF, x, 1)  # the odd column's value, for the even lane
             c = lane + 32 * j
