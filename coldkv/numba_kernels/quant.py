@@ -508,6 +508,9 @@ if config.ENABLE_CUDASIM:
         for m, v in enumerate(vals):
             f[off + m] = v
 
+    def _stf(a, off, val):
+        a.reshape(-1)[off] = val
+
     def _ldw(a, off):
         f = a.reshape(-1)
         return np.uint32(int(f[off]) | (int(f[off + 1]) << 8) | (int(f[off + 2]) << 16) | (int(f[off + 3]) << 24))
@@ -547,6 +550,14 @@ else:
                                              ir.Constant(ir.IntType(32), m))
             builder.store(vec, vp, align=4 * aty.dtype.bitwidth // 8)
         return types.void(a, off, vals), codegen
+
+    @intrinsic
+    def _stf(typingctx, a, off, val):
+        def codegen(context, builder, sig, args):
+            aty, oty, vty = sig.args
+            builder.store(context.cast(builder, args[2], vty, aty.dtype),
+                          _flat_ptr(context, builder, aty, args[0], oty, args[1]))
+        return types.void(a, off, val), codegen
 
     @intrinsic
     def _ldw(typingctx, a, off):
@@ -1252,12 +1263,10 @@ _RQ_LOAD = {BF16: _rq_load_bf16, INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3:
 
 @cuda.jit(device=True)
 def _rq_step(F, stp, row, sw, q, g):
-    """4-bit source: step s / g of quarter q (scale byte q of sw; c4g64: the unit's one byte).
-    nvfp4/iso3 look it up in the page's table of the 128 positive steps (IEEE division is odd in
-    its numerator: a negative byte's step is the negated entry); c4g64 divides once per unit."""
-    if F == C4G64:
-        return e4m3_f32(sw) / g
-    b = (_u32(sw) >> np.uint32(8 * q)) & np.uint32(0xFF)
+    """4-bit source: step s / g of quarter q (scale byte q of sw; c4g64: the unit's one byte),
+    looked up in the page's table of the 128 positive steps (IEEE division is odd in its
+    numerator: a negative byte's step is the negated entry)."""
+    b = (_u32(sw) >> np.uint32(0 if F == C4G64 else 8 * q)) & np.uint32(0xFF)
     d = stp[row, b & np.uint32(0x7F)]
     return -d if b >= np.uint32(0x80) else d
 
@@ -1329,9 +1338,14 @@ def _rq_max_4bit(F, w, sw, s, stp, row, g):
     # group's max near the largest magnitude): then the max |value| is dec(7) times the largest
     # |step|, and |step| grows with the scale byte's low 7 bits (E4M3 order; a NaN byte, 0x7F, is
     # the largest and gives NaN: the slow path). One lookup instead of four quarter maxima.
+    if F == C4G64:  # one source group: its largest code magnitude times its one step
+        d = _rq_step(F, stp, row, sw, 0, g)
+        if _has7(w[0], w[1]) or _has7(w[2], w[3]) or _has7(w[4], w[5]) or _has7(w[6], w[7]):
+            return abs(_decode_nibble(F, 7, d))
+        m = max(max(_max_mag16(w[0], w[1]), _max_mag16(w[2], w[3])),
+                max(_max_mag16(w[4], w[5]), _max_mag16(w[6], w[7])))
+        return abs(_decode_nibble(F, m, d))  # NaN / inf (a NaN byte, a huge step): the slow path
     if _has7(w[0], w[1]) and _has7(w[2], w[3]) and _has7(w[4], w[5]) and _has7(w[6], w[7]):
-        if F == C4G64:
-            return abs(_decode_nibble(F, 7, _rq_step(F, stp, row, sw, 0, g)))
         b = _u32(sw) & np.uint32(0x7F7F7F7F)
         b = max_u16x2(b & np.uint32(0x00FF00FF), (b >> np.uint32(8)) & np.uint32(0x00FF00FF))
         return abs(_decode_nibble(F, 7, stp[row, max(b & np.uint32(0xFF), b >> np.uint32(16))]))
@@ -1507,7 +1521,7 @@ def _make_requant(F):
     instructions per thread and page from nvfp4, a block per page). Pass 2 is a loop, not
     unrolled, and groups holding a non-finite value take one out-of-line path (_rq_amax_slow), so
     the hot code stays small (unrolled it stalled on instruction fetch; docs/kernels.md).
-    4-bit sources: nvfp4/iso3 steps s / g come from the warp's shared table of the 128 positive
+    4-bit sources: steps s / g come from the warp's shared table of the 128 positive
     E4M3 steps (4 IEEE divisions per lane and page instead of 4 per unit). The output code is a
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
     table (m -> E2M1 magnitude of dec(m) * d * r) built per source group (e2m1_table16, two
@@ -1518,7 +1532,7 @@ def _make_requant(F):
     load = _RQ_LOAD[F]
     K = _RQ_KEEP[F]
     BLOCK = F in _RQ_BLOCK_PAGE
-    STEPS = F == NVFP4 or F == ISO3
+    STEPS = F == NVFP4 or F == ISO3 or F == C4G64
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
@@ -1533,7 +1547,7 @@ def _make_requant(F):
         ld = _log2(D)
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
-        stp = cuda.shared.array((_WARPS, 128), np.float32)  # nvfp4/iso3: this warp's steps by byte
+        stp = cuda.shared.array((_WARPS, 128), np.float32)  # 4-bit: this warp's steps by byte
         red = cuda.shared.array((2, _WARPS), np.float32)  # a block per page: the warps' maxima by page parity
         # a page's threads: its warp (t = lane, T = 32) or the whole block
         t = cuda.threadIdx.x if BLOCK else lane
@@ -1543,8 +1557,6 @@ def _make_requant(F):
         nu = pd >> 6  # 64-value units (output groups) of a page
         wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
-        sh6 = ld - 6
-        scol_m = (D >> 6) - 1
         nk = min(nu, T * K)  # units kept in registers
         z = np.float32(0.0)
         par = 0
@@ -1596,6 +1608,7 @@ def _make_requant(F):
             if t == 0:
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
+            osb = np.int64(j) * nu  # output scale bytes (one per unit)
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
             # Units past the kept ones (large pages) are read again.
@@ -1610,7 +1623,7 @@ def _make_requant(F):
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                     gm = umax(F, w, sw, s, stp, row, g)
                 sb, r = _rq_out_scale(gm, g2)
-                out_scales[j, u >> sh6, u & scol_m] = sb
+                _stf(out_scales, osb + u, sb)
                 if sb == E4M3_NAN:  # a poisoned group: zero codes
                     _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
                     _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
@@ -1696,7 +1709,7 @@ def launch_dequant_pages(fmt_id, codes, scales, pages, gs, out, stream=0):
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
     _check_head_dim(out_codes.shape[2] * 2)
     _check_vec(codes, out_codes)
-    _check_pages(codes, scales, out_codes)
+    _check_pages(codes, scales, out_codes, out_scales)
     if pages.shape[0] and codes.shape[1]:
         k = requant_c4g64_cuda[int(fmt_id)]
         warps = pages.shape[0] * (_WARPS if int(fmt_id) in _RQ_BLOCK_PAGE else 1)  # a block or a warp per page
