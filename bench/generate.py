@@ -63,11 +63,9 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
 
 
 _PREFILL_KERNELS = {"fa": ("fa", 4), "wg": ("wg", 4),
-                    "wg8": ("wg", 8, False), "wg8pp": ("wg", 8, True),
-                    "wg8dec": ("wg", 8, False, False)}  # (kernel, warps, ping-pong, pre-decoded 4-bit planes)
+                    "wg8": ("wg", 8, False), "wg8pp": ("wg", 8, True)}  # (kernel, warps, ping-pong)
 _AUTO = attention_cuda._prefill_auto
 _PINGPONG = attention_cuda._WG_PINGPONG
-_PREDECODE = attention_cuda._WG_PREDECODE
 
 
 def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
@@ -77,7 +75,6 @@ def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
     kern = _PREFILL_KERNELS.get(prefill_attention)
     attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf, D=128: kern[:2])
     attention_cuda._WG_PINGPONG = _PINGPONG if kern is None or len(kern) < 3 else kern[2]
-    attention_cuda._WG_PREDECODE = _PREDECODE if kern is None or len(kern) < 4 else kern[3]
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
@@ -129,7 +126,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp, wg8dec (4-bit planes decoded in the kernel); each "
+                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp; each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")

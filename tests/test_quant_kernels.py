@@ -494,6 +494,62 @@ def test_dequant_requant_cuda_odd_shapes(fmt, shape):
         assert bits(np.float32(og[i])) == bits(np.float32(g2))
 
 
+def test_requant_cuda_int8_ties_at_every_decision_point():
+    """int8 -> c4g64 encodes by thresholds on |code| (quant._i8_word). Rows built so that the value
+    times the output multiplier lands exactly on every E2M1 decision point (ties to the even code:
+    0.25 -> 0, 0.75 -> 1.0, ...), their neighbours +-1 code, a -128 code (the exact fallback) and
+    random rows: == the reference, and the test checks that the ties really occur."""
+    rng = np.random.default_rng(11)
+    P, D = 8, 64
+    codes, scales = Q.pool_arrays("int8", 1, P, D)
+    # g2 = 2688 / 42 = 64 (row 0 holds the page max 64 * 0.65625); a row with scale s and max code m
+    # gets the output step 64 m s / 6 (exact E4M3 here) and value * r = 6 c / m
+    rows = [(0.65625, 64), (0.5, 24), (0.25, 48), (1.0, 12)]
+    for t, (sc, m) in enumerate(rows):
+        ties = [c for c in range(1, m + 1) if np.float32(6 * c / m) in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)]
+        vals = sorted({m, *ties, *(c - 1 for c in ties), *(c + 1 for c in ties if c < m)})
+        vals = (vals + [-v for v in vals] + list(rng.integers(-m, m + 1, D)))[:D]
+        codes[0, t] = np.array(vals, np.int8)
+        scales[0, t] = sc
+    codes[0, 4] = rng.integers(-100, 101, D)
+    codes[0, 4, 9] = -128
+    scales[0, 4] = 0.01
+    codes[0, 5:] = rng.integers(-127, 128, (3, D))
+    scales[0, 5:, 0] = np.float32([0.3, 1e-3, 0.07])
+    pages, gsrc = np.zeros(1, np.int32), np.ones(1, np.float32)
+    oc, os_ = Q.pool_arrays("c4g64", 1, P, D)
+    og = np.zeros(1, np.float32)
+    Q.launch_requant_c4g64(Q.INT8, codes, scales, pages, gsrc, oc, os_, og)
+    c, s2, g2 = Q.ref_requantize(codes[0], scales[0], Q.INT8, 1.0, D)
+    assert g2 == np.float32(64.0)
+    y = np.abs(Q.ref_dequantize(codes[0], scales[0], Q.INT8, 1.0, D)[:4] * (g2 / Q.ref_e4m3_decode(s2[:4])))
+    assert set(np.float32([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])) <= set(y.ravel())
+    np.testing.assert_array_equal(oc[0], c)
+    np.testing.assert_array_equal(os_[0], s2)
+    assert bits(np.float32(og[0])) == bits(g2)
+
+
+@pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="calls a device function from Python (simulator)")
+def test_int8_thresholds_from_a_perturbed_estimate():
+    """Each threshold is picked from the estimate ceil(b / (s r)) and its two neighbours by exact
+    evaluation, so an estimate off by a few ulps either way (rcp.approx) still gives the least
+    |code| whose E2M1 magnitude reaches k; checked against brute force over |code| 0..128."""
+    rng = np.random.default_rng(12)
+    B = [(np.float32(b), k % 2 == 0) for k, b in enumerate(Q._I8_B)]  # (b_k, strict) for k = 1..7
+    c = np.arange(129, dtype=np.float32)
+    for _ in range(300):
+        s = np.float32(rng.choice([2.0 ** rng.integers(-8, 3), rng.uniform(1e-3, 2)]))
+        r = np.float32(rng.choice([2.0 ** rng.integers(-4, 4), rng.uniform(0.01, 4)]))
+        y = (c * s) * r
+        for rel in (1 - 2.0 ** -21, 1.0, 1 + 2.0 ** -21):
+            inv = np.float32(np.float32(1.0) / (s * r) * rel)
+            for b, strict in B:
+                meets = (y > b) if strict else (y >= b)
+                want = min(int(np.argmax(meets)) if meets.any() else 128, 128)
+                got = int(Q._i8_threshold(s, r, inv, b, strict)) & 0xFF
+                assert got == want, (s, r, rel, b)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("gmul", [-1.0, 1e-37])
 def test_requant_cuda_unusual_source_globals(fmt, gmul):

@@ -633,10 +633,6 @@ def _prefill_auto(kf, vf, D: int = 128):
 
 
 _WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefill._build_prefill_fa pingpong)
-# "wg" reads pre-decoded 4-bit planes when given prefill_scratch (as "fa" does). At the kernel level wg8
-# decoding in the block measured faster than bf16-sized tiles (docs/kernels.md, session 13); the A/B
-# end to end is `bench/generate.py --prefill-attention wg8,wg8dec` (not run yet)
-_WG_PREDECODE = True
 
 
 @functools.cache
@@ -774,7 +770,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         wg = prefill == "wg"
         per_block = mma_warps // NWARPS  # tokens per block / (NWARPS * 16 // G)
         pre = (False, False)
-        if prefill_scratch is not None and (not wg or _WG_PREDECODE):
+        # fa reads pre-decoded 4-bit planes; wg decodes in the block: end to end at 32k (nvfp4) 0.647x
+        # HF against 0.576x pre-decoded (bench/results/logs/generate_predecode_2cbb620.json)
+        if prefill_scratch is not None and not wg:
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,

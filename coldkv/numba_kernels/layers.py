@@ -332,8 +332,11 @@ def _blocks(n: int, threads: int = 256, cap: int = 1024) -> int:
 
 
 def _grid_rows(T: int, n: int, threads: int = 256) -> tuple:
-    """(column blocks, row blocks) of a [T, n] elementwise kernel: rows beyond 65535 blocks stride."""
-    return max(1, -(-n // threads)), max(1, min(T, 65535))
+    """(column blocks, row blocks) of a [T, n] elementwise kernel, each block striding over rows: at
+    most ~2048 blocks (about two resident waves on an H200). A block per row (8192 x 4 blocks for
+    a 8192-row swiglu) took 66 us a call on the H200 at 2cbb620, against ~25 us for its bytes."""
+    cols = max(1, -(-n // threads))
+    return cols, max(1, min(T, 2048 // cols))
 
 
 def launch_embed(tokens, table, x, stream):
