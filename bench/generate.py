@@ -68,11 +68,24 @@ _AUTO = attention_cuda._prefill_auto
 _PINGPONG = attention_cuda._WG_PINGPONG
 
 
+def chunked_backend(model, kern):
+    """A CUDA backend for a --prefill-attention name; "NAME@N" caps its prefill chunk at N tokens
+    (cuda_backend.MAX_CHUNK while it is built: an A/B of the chunk size in one run)."""
+    from coldkv.runtime import cuda_backend
+
+    cap = int(kern.split("@")[1]) if "@" in kern else cuda_backend.MAX_CHUNK
+    old, cuda_backend.MAX_CHUNK = cuda_backend.MAX_CHUNK, cap
+    try:
+        return CUDABackend(model)
+    finally:
+        cuda_backend.MAX_CHUNK = old
+
+
 def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
     """-> (prefill tok/s, decode tok/s, generated tokens). prefill_attention: which prefill kernel
     attention_cuda's "auto" picks ("auto" its own choice per format; a name of _PREFILL_KERNELS
     swaps its module-level chooser, for an A/B in one run)."""
-    kern = _PREFILL_KERNELS.get(prefill_attention)
+    kern = _PREFILL_KERNELS.get(prefill_attention.split("@")[0])
     attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf, D=128: kern[:2])
     attention_cuda._WG_PINGPONG = _PINGPONG if kern is None or len(kern) < 3 else kern[2]
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
@@ -126,7 +139,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp; each "
+                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp, each with "
+                    "an optional @N (prefill chunks of at most N tokens, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
@@ -148,7 +162,7 @@ def main() -> None:
             ids = prompt_ids(tok, n)
             kernels = a.prefill_attention.split(",")
             # a backend per prefill kernel: each captures graphs of passes it has compiled
-            backends = {kern: CUDABackend(model) for kern in kernels}
+            backends = {kern: chunked_backend(model, kern) for kern in kernels}
             n_layers = backends[kernels[0]].args.num_hidden_layers
             warm = ids[:2 * backends[kernels[0]].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
