@@ -618,3 +618,48 @@ def test_launchers_refuse_strided_arrays():
     wide = np.repeat(x, 2, axis=2)[:, :, ::2]  # same values, last-axis stride 8 B
     with pytest.raises(ValueError, match="contiguous"):
         Q.launch_append(Q.NVFP4, wide, 3, table, codes, scales, g)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("shape", [(64, 1, 128, 64), (48, 1, 128, 48)])
+def test_requant_cuda_kept_units_fast_loop(fmt, shape):
+    """Pages of 128 and 96 units: 4 and 3 kept units per lane (the fast loop's unit pairs, the
+    odd last pair)."""
+    T, H, D, P = shape
+    _requant_check(fmt, T=T, H=H, D=D, P=P, seed=5)
+
+
+@cuda.jit
+def _fast_requant_asm_kernel(lo, n, stride, bad):
+    """The fast page's asm against the IEEE / reference forms: e2m1_table16q == e2m1_table16 and
+    fdiv6(x) == x / 6 on every float32 x in [lo, lo + n); e4m3_sat_byte == e4m3_sat_bits & 0xFF
+    there too; fdivp(g, s) == g / s for g = bits(0x0D800000 + stride k) (2^-100 .. 2^100) and
+    every positive finite E4M3 s."""
+    i = cuda.grid(1)
+    for k in range(i, n, cuda.gridsize(1)):
+        x = Q.bits_f32(np.uint32(lo + k))
+        if Q.e2m1_table16q(x, x) != Q.e2m1_table16(x, x):
+            cuda.atomic.add(bad, 0, 1)
+        if Q.f32_bits(Q.fdiv6(x)) != Q.f32_bits(x / np.float32(6.0)):
+            cuda.atomic.add(bad, 1, 1)
+        if Q.e4m3_sat_byte(x) != (Q.e4m3_sat_bits(x) & np.uint32(0xFF)):
+            cuda.atomic.add(bad, 2, 1)
+        if k % 16:  # fdivp on every 16th numerator (2^26 of them over the range): seconds, not minutes
+            continue
+        g = Q.bits_f32(np.uint32(0x0D800000 + ((k * stride) % (0x71800000 - 0x0D800000))))
+        for b in range(1, 127):
+            s = Q.e4m3_f32(b)
+            if Q.f32_bits(Q.fdivp(g, s)) != Q.f32_bits(g / s):
+                cuda.atomic.add(bad, 3, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_fast_requant_asm():
+    """Every float32 in [0, 4096] (table inputs past 64 are all 7s; g2 gm <= 2688 (1 + 2^-23)),
+    plus huge table inputs; fdivp over 2^26 numerators spread across [2^-100, 2^100]."""
+    hi = int(np.float32(4096.0).view(np.uint32)) + 1
+    bad = cuda.to_device(np.zeros(4, np.int64))
+    _fast_requant_asm_kernel[8192, 256](0, hi, 7, bad)
+    for v in (65504.0, 65520.0, 1e6, 1e30, 3.4e38):
+        _fast_requant_asm_kernel[1, 1](int(np.float32(v).view(np.uint32)), 1, 1, bad)
+    assert list(bad.copy_to_host()) == [0, 0, 0, 0]

@@ -784,6 +784,17 @@ if config.ENABLE_CUDASIM:
         x = float(np.float32(x))
         return np.float32(np.inf if x == 0.0 else 1.0 / x)
 
+    e2m1_table16q = e2m1_table16
+
+    def e4m3_sat_byte(v):
+        return np.uint32(e4m3_sat_bits(v) & 0xFF)
+
+    def fdiv6(x):
+        return np.float32(np.float32(x) / np.float32(6.0))
+
+    def fdivp(a, b):
+        return np.float32(np.float32(a) / np.float32(b)) if b != 0 else np.float32(np.inf)
+
 else:
     from numba import types as _t
 
@@ -825,6 +836,31 @@ else:
               " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 td, w, t;\n"
               " prmt.b32 $0, ta, tb, 0x6420;\n prmt.b32 $1, tc, td, 0x6420;}")
     e2m1_table16 = asm(_TAB16, "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    # e2m1_table16 for x, y >= 0 (no abs), the round-to-odd fp16 conversion by integer ops: for x >= 0 in fp16's
+    # normal range, rz(x | sticky at bit 13) is round-to-odd (the 13 dropped bits' OR lands in the
+    # kept LSB: x + 0x1FFF carries into bit 13 exactly when a dropped bit is set); below 2^-14
+    # every table entry is 0 either way (the largest product looked up is 4x < 1/4), above 65504
+    # rz saturates to 65504 either way
+    e2m1_table16q = asm(_TAB16.replace(
+        " abs.f32 xa, $2;\n abs.f32 xb, $3;\n cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n"
+        " cvt.f32.f16 fb, hh;\n setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n",
+        " mov.b32 ta, $2;\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n mov.b32 xa, ta;\n"
+        " mov.b32 tc, $3;\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n or.b32 tc, tc, td;\n mov.b32 xb, tc;\n"
+        " cvt.rz.f16x2.f32 h, xb, xa;\n"), "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    # e4m3_sat_bits's low byte alone (the high byte converts 0)
+    e4m3_sat_byte = asm("{.reg .b16 t, z;\n mov.b16 z, 0;\n cvt.rn.satfinite.e4m3x2.f32 t, 0f00000000, $1;\n"
+                        " mov.b32 $0, {t, z};}", "=r,f", _t.uint32, (_t.float32,))
+    # IEEE x / 6 for 0 <= x <= 2^100: div.rn's own fast path (its FCHK passes in that range; 1/6's
+    # refined reciprocal is 0x3E2AAAAB), without the check and the slow-path call
+    fdiv6 = asm("{.reg .f32 q, r;\n fma.rn.f32 q, $1, 0f3E2AAAAB, 0f00000000;\n"
+                " fma.rn.f32 r, q, 0fC0C00000, $1;\n fma.rn.f32 $0, r, 0f3E2AAAAB, q;}",
+                "=f,f", _t.float32, (_t.float32,))
+    # IEEE a / b for a in [2^-100, 2^100], b in [2^-9, 448]: div.rn's fast path (MUFU.RCP, one
+    # Newton step, one correction), which div.rn uses whenever its FCHK passes
+    fdivp = asm("{.reg .f32 c, e, q, r, nb;\n neg.f32 nb, $2;\n rcp.approx.ftz.f32 c, $2;\n"
+                " fma.rn.f32 e, nb, c, 0f3F800000;\n fma.rn.f32 c, c, e, c;\n fma.rn.f32 q, $1, c, 0f00000000;\n"
+                " fma.rn.f32 r, nb, q, $1;\n fma.rn.f32 $0, c, r, q;}",
+                "=f,f,f", _t.float32, (_t.float32, _t.float32))
     # E4M3 by the sm_89+ conversions: one instruction each instead of ~25 (e4m3_enc) and ~12
     # (e4m3_dec) of integer work. e4m3_sat_bits(v) = e4m3_enc(min(v, 448)) in both low bytes for
     # v >= 0 (satfinite clamps to 448 as min() does; test_gpu_e4m3_conversions checks every float
@@ -1142,6 +1178,15 @@ def _has7(x0, x1):
 
 
 @register_jitable
+def _has7a(x0, x1):
+    """_has7 by adds: (n & 7) + 1 carries into the nibble's bit 3 exactly when n & 7 == 7 (no carry
+    leaves a nibble): two masks, two adds, one 3-input LOP3 instead of four shifts and three LOP3."""
+    a = _u32((_u32(x0) & np.uint32(0x77777777)) + np.uint32(0x11111111))
+    b = _u32((_u32(x1) & np.uint32(0x77777777)) + np.uint32(0x11111111))
+    return ((a | b) & np.uint32(0x88888888)) != np.uint32(0)
+
+
+@register_jitable
 def _max_mag16(w0, w1):
     """Largest code magnitude (low 3 bits of a nibble) among the 16 nibbles of w0, w1, bit by bit
     on all nibbles at once (SWAR): keep the nibbles that have the next bit when any has it."""
@@ -1184,6 +1229,18 @@ def _dec_code(fmt, c):
 
 
 @cuda.jit(device=True)
+def _rq_table32(fmt, d, r):
+    """_rq_table for r finite, any source: e2m1_mag_bits of each product summed at byte m (the
+    0x4B000000 bias shifts out of bytes 1-3; byte 4 of hi subtracts it)."""
+    lo = np.uint32(0)
+    hi = np.uint32(e2m1_mag_bits(_dec_code(fmt, 4) * d * r) - np.uint32(0x4B000000))
+    for m in range(1, 4):
+        lo = _u32(lo + (e2m1_mag_bits(_dec_code(fmt, m) * d * r) << np.uint32(8 * m)))
+        hi = _u32(hi + (e2m1_mag_bits(_dec_code(fmt, m + 4) * d * r) << np.uint32(8 * m)))
+    return lo, hi
+
+
+@cuda.jit(device=True)
 def _rq_table(fmt, d, r):
     """8-byte table (lo, hi): byte m = E2M1 magnitude of dec(m) * d * r (m = source magnitude).
     E2M1 sources with d in range: e2m1_table16 of two products; else r finite: e2m1_mag_bits
@@ -1197,11 +1254,7 @@ def _rq_table(fmt, d, r):
         lo, hi = e2m1_table16(d * r, (d * np.float32(1.5)) * r)
         return np.int64(lo), np.int64(hi)
     if r <= F32_MAX:
-        lo = np.uint32(0)
-        hi = np.uint32(e2m1_mag_bits(_dec_code(fmt, 4) * d * r) - np.uint32(0x4B000000))
-        for m in range(1, 4):
-            lo = _u32(lo + (e2m1_mag_bits(_dec_code(fmt, m) * d * r) << np.uint32(8 * m)))
-            hi = _u32(hi + (e2m1_mag_bits(_dec_code(fmt, m + 4) * d * r) << np.uint32(8 * m)))
+        lo, hi = _rq_table32(fmt, d, r)
         return np.int64(lo), np.int64(hi)
     lo = 0
     hi = 0
@@ -1346,15 +1399,18 @@ def _rq_max_4bit(F, w, sw, s, stp, row, g):
     # the largest and gives NaN: the slow path). One lookup instead of four quarter maxima.
     if F == C4G64:  # one source group: its largest code magnitude times its one step
         d = _rq_step(F, stp, row, sw, 0, g)
-        if _has7(w[0], w[1]) or _has7(w[2], w[3]) or _has7(w[4], w[5]) or _has7(w[6], w[7]):
-            return abs(_decode_nibble(F, 7, d))
+        if _has7a(w[0], w[1]) or _has7a(w[2], w[3]) or _has7a(w[4], w[5]) or _has7a(w[6], w[7]):
+            # |dec(7) d| = 6 |d| (NaN for a NaN step: its payload never matters, the caller only
+            # tests the max for finiteness)
+            return abs(d) * np.float32(6.0)
         m = max(max(_max_mag16(w[0], w[1]), _max_mag16(w[2], w[3])),
                 max(_max_mag16(w[4], w[5]), _max_mag16(w[6], w[7])))
         return abs(_decode_nibble(F, m, d))  # NaN / inf (a NaN byte, a huge step): the slow path
-    if _has7(w[0], w[1]) and _has7(w[2], w[3]) and _has7(w[4], w[5]) and _has7(w[6], w[7]):
+    if _has7a(w[0], w[1]) and _has7a(w[2], w[3]) and _has7a(w[4], w[5]) and _has7a(w[6], w[7]):
         b = _u32(sw) & np.uint32(0x7F7F7F7F)
         b = max_u16x2(b & np.uint32(0x00FF00FF), (b >> np.uint32(8)) & np.uint32(0x00FF00FF))
-        return abs(_decode_nibble(F, 7, stp[row, max(b & np.uint32(0xFF), b >> np.uint32(16))]))
+        b = max_u16x2(b, b >> np.uint32(16)) & np.uint32(0xFF)  # 32-bit (max() of these was 64-bit)
+        return abs(stp[row, b]) * np.float32(7.0 if F == ISO3 else 6.0)  # = |dec(7) d|; NaN payload as above
     m0 = _rq_quarter_max(F, w[0], w[1], _rq_step(F, stp, row, sw, 0, g))
     m1 = _rq_quarter_max(F, w[2], w[3], _rq_step(F, stp, row, sw, 1, g))
     m2 = _rq_quarter_max(F, w[4], w[5], _rq_step(F, stp, row, sw, 2, g))
@@ -1550,6 +1606,53 @@ def _rq_emit_4bit(F, w, sw, s, stp, row, g, gm, r, o32, ob):
 
 
 @cuda.jit(device=True)
+def _rq_out_scale_fast(gm, g2):
+    """_rq_out_scale for finite gm >= 0 and g2 in [2^-100, 2^100] (a fast page): the divisions
+    by div.rn's fast path (x = g2 gm <= 2688(1 + 2^-23); s in [2^-9, 448]; a tiny x gives byte 0
+    however its quotient rounds), no NaN byte."""
+    sb = e4m3_sat_byte(fdiv6(g2 * gm))
+    s = e4m3_f32(sb)
+    q = fdivp(g2, s)
+    return sb, (q if s > np.float32(0.0) else np.float32(0.0))
+
+
+@cuda.jit(device=True)
+def _rq_quarter_fast(F, srow, b, nm, r, w0, w1):
+    """Output words of source words w0, w1 (scale byte b & 0x7F's step in srow, the warp's row of
+    the step table; nm = 0xFFFFFFFF when the byte is negative, else 0) on a fast page: steps >= 0
+    and in e2m1_table16's range (checked once per page), r finite, so the table has no branch and
+    no abs, and the sign of d r is the byte's sign bit."""
+    d = srow[b & np.uint32(0x7F)]
+    if F == ISO3:  # magnitudes 1..7 times d: no power-of-two shortcut, one fp32 encode per entry
+        lo, hi = _rq_table32(F, d, r)
+    else:
+        lo, hi = e2m1_table16q(d * r, (d * np.float32(1.5)) * r)
+    x0 = _u32(w0)
+    x1 = _u32(w1)
+    m = np.uint32(0x88888888)
+    return (_u32(_lut_word(lo, hi, x0)) ^ ((x0 ^ nm) & m), _u32(_lut_word(lo, hi, x1)) ^ ((x1 ^ nm) & m))
+
+
+@cuda.jit(device=True)
+def _rq_emit_4bit_fast(F, w, sw, srow, r, o32, ob):
+    """_rq_emit_4bit on a fast page."""
+    x = _u32(sw)
+    if F == C4G64:
+        nm = _u32(prmt(x, 0, 0x8888))  # byte 0's sign in every bit
+        o0, o1 = _rq_quarter_fast(F, srow, x, nm, r, w[0], w[1])
+        o2, o3 = _rq_quarter_fast(F, srow, x, nm, r, w[2], w[3])
+        o4, o5 = _rq_quarter_fast(F, srow, x, nm, r, w[4], w[5])
+        o6, o7 = _rq_quarter_fast(F, srow, x, nm, r, w[6], w[7])
+    else:
+        o0, o1 = _rq_quarter_fast(F, srow, x, _u32(prmt(x, 0, 0x8888)), r, w[0], w[1])
+        o2, o3 = _rq_quarter_fast(F, srow, x >> np.uint32(8), _u32(prmt(x, 0, 0x9999)), r, w[2], w[3])
+        o4, o5 = _rq_quarter_fast(F, srow, x >> np.uint32(16), _u32(prmt(x, 0, 0xAAAA)), r, w[4], w[5])
+        o6, o7 = _rq_quarter_fast(F, srow, x >> np.uint32(24), _u32(prmt(x, 0, 0xBBBB)), r, w[6], w[7])
+    _stf4(o32, ob, (o0, o1, o2, o3))
+    _stf4(o32, ob + 4, (o4, o5, o6, o7))
+
+
+@cuda.jit(device=True)
 def _rq_sync(block):
     if block:
         cuda.syncthreads()
@@ -1592,6 +1695,7 @@ def _make_requant(F):
     K = _RQ_KEEP[F]
     BLOCK = F in _RQ_BLOCK_PAGE
     STEPS = F == NVFP4 or F == ISO3 or F == C4G64
+    FAST = F == NVFP4 or F == ISO3 or F == C4G64  # 4-bit sources: the fast-page loop (see below)
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
@@ -1634,7 +1738,8 @@ def _make_requant(F):
             if STEPS:
                 _rq_sync(BLOCK)  # the previous page's lookups are done
                 for b in range(t, 128, T):
-                    stp[row, b] = e4m3_f32(b) / g
+                    v = e4m3_f32(b) / g
+                    stp[row, b] = v
                 _rq_sync(BLOCK)
             gm0 = umax(F, w0, sw0, s0, stp, row, g)
             gm1 = umax(F, w1, sw1, s1, stp, row, g) if K > 1 else z
@@ -1668,6 +1773,41 @@ def _make_requant(F):
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
             osb = np.int64(j) * nu  # output scale bytes (one per unit)
+            if FAST:
+                # a fast page: g in [2^-110, 2^110], so every step e4m3(b) / g but the NaN byte's
+                # is +0 or in [2^-119, 2^119] (e2m1_table16's range, >= 0: no abs, the byte's sign
+                # bit is the sign of d r); g2 in [2^-100, 2^100], so r = g2 / s is finite and both
+                # divisions take div.rn's fast path. A unit with a NaN byte has a NaN group max
+                # (fin is false). Page-uniform: no divergence.
+                pf = (g >= np.float32(2.0 ** -110) and g <= np.float32(2.0 ** 110)
+                      and g2 >= np.float32(2.0 ** -100) and g2 <= np.float32(2.0 ** 100))
+                if pf and fin and nl <= K:
+                    srow = stp[row]
+                    oo = ob + 8 * t
+                    os = osb + t
+                    # two units per iteration (0, 1 then 2, 3): one select per register pair, and
+                    # the two units' tables are independent (ILP)
+                    k = np.uint32(0)
+                    n32 = np.uint32(nl)
+                    while k < n32:
+                        p0 = k == np.uint32(0)
+                        wa = w0 if p0 else w2
+                        wb_ = w1 if p0 else w3
+                        swa = sw0 if p0 else sw2
+                        swb = sw1 if p0 else sw3
+                        gma = gm0 if p0 else gm2
+                        gmb = gm1 if p0 else gm3
+                        sba, ra = _rq_out_scale_fast(gma, g2)
+                        sbb, rb = _rq_out_scale_fast(gmb, g2)
+                        _stf(out_scales, os, sba)
+                        _rq_emit_4bit_fast(F, wa, swa, srow, ra, o32, oo)
+                        if np.uint32(k + np.uint32(1)) < n32:
+                            _stf(out_scales, os + T, sbb)
+                            _rq_emit_4bit_fast(F, wb_, swb, srow, rb, o32, oo + 8 * T)
+                        os += 2 * T
+                        oo += 16 * T
+                        k = np.uint32(k + np.uint32(2))
+                    nl = 0  # done: the general loop below runs no unit
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
             # Units past the kept ones (large pages) are read again.
