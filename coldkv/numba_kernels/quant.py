@@ -1773,14 +1773,14 @@ def _make_requant(F):
                 out_g[j] = g2
             ob = np.int64(j) * (pd >> 3)  # output uint32 words
             osb = np.int64(j) * nu  # output scale bytes (one per unit)
+            g2ok = g2 >= np.float32(2.0 ** -100) and g2 <= np.float32(2.0 ** 100)
             if FAST:
                 # a fast page: g in [2^-110, 2^110], so every step e4m3(b) / g but the NaN byte's
                 # is +0 or in [2^-119, 2^119] (e2m1_table16's range, >= 0: no abs, the byte's sign
                 # bit is the sign of d r); g2 in [2^-100, 2^100], so r = g2 / s is finite and both
                 # divisions take div.rn's fast path. A unit with a NaN byte has a NaN group max
                 # (fin is false). Page-uniform: no divergence.
-                pf = (g >= np.float32(2.0 ** -110) and g <= np.float32(2.0 ** 110)
-                      and g2 >= np.float32(2.0 ** -100) and g2 <= np.float32(2.0 ** 100))
+                pf = g >= np.float32(2.0 ** -110) and g <= np.float32(2.0 ** 110) and g2ok
                 if pf and fin and nl <= K:
                     srow = stp[row]
                     oo = ob + 8 * t
@@ -1821,7 +1821,10 @@ def _make_requant(F):
                 else:
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                     gm = umax(F, w, sw, s, stp, row, g)
-                sb, r = _rq_out_scale(gm, g2)
+                if g2ok and gm <= F32_MAX:  # the fast page's divisions (bf16, int8, large pages)
+                    sb, r = _rq_out_scale_fast(gm, g2)
+                else:
+                    sb, r = _rq_out_scale(gm, g2)
                 _stf(out_scales, osb + u, sb)
                 if sb == E4M3_NAN:  # a poisoned group: zero codes
                     _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
