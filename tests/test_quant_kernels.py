@@ -546,7 +546,8 @@ def test_int8_thresholds_from_a_perturbed_estimate():
             for b, strict in B:
                 meets = (y > b) if strict else (y >= b)
                 want = min(int(np.argmax(meets)) if meets.any() else 128, 128)
-                got = int(Q._i8_threshold(s, r, inv, b, strict)) & 0xFF
+                q = np.float32(1.0 if strict else -1.0)
+                got = (int(Q._i8_threshold(s, r, inv, b, q)) + 0x80) & 0xFF  # stored minus 0x80
                 assert got == want, (s, r, rel, b)
 
 

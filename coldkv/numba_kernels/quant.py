@@ -795,6 +795,22 @@ if config.ENABLE_CUDASIM:
     def fdivp(a, b):
         return np.float32(np.float32(a) / np.float32(b)) if b != 0 else np.float32(np.inf)
 
+    def and3(a, b, c):
+        return np.uint32(int(a) & int(b) & int(c))
+
+    def mul_sat(a, b):
+        return np.float32(_sat(float(np.float32(np.float32(a) * np.float32(b)))))
+
+    def fma_sat(a, b, c):
+        # exact in float64 for the callers' operands (y 2^30 and a 3-bit constant): one rounding
+        return np.float32(_sat(float(np.float32(float(np.float32(a)) * float(b) + float(c)))))
+
+    def fma_rp(a, b, c):
+        from fractions import Fraction
+        x = Fraction(float(np.float32(a))) * Fraction(float(b)) + Fraction(float(c))  # exact
+        v = np.float32(float(x))
+        return v if Fraction(float(v)) >= x else np.nextafter(v, np.float32(np.inf))
+
 else:
     from numba import types as _t
 
@@ -871,6 +887,13 @@ else:
                    " mov.b32 {lo, hi}, t;\n cvt.f32.f16 $0, lo;}", "=f,r", _t.float32, (_t.uint32,))
     # an estimate only (callers verify exactly): one MUFU instead of an IEEE division
     rcp_approx = asm("rcp.approx.ftz.f32 $0, $1;", "=f,f", _t.float32, (_t.float32,))
+    # a & b & c as one LOP3 (ptxas split w & sg & 0x7F7F7F7F << 1 into two LOP3s and a shift)
+    and3 = asm("lop3.b32 $0, $1, $2, $3, 0x80;", "=r,r,r,r", _t.uint32, (_t.uint32, _t.uint32, _t.uint32))
+    # single FMA-pipe instructions for _i8_threshold: a saturated product / fma (.sat clamps to
+    # [0, 1], NaN to 0), and an fma rounded toward +inf
+    mul_sat = asm("mul.rn.sat.f32 $0, $1, $2;", "=f,f,f", _t.float32, (_t.float32, _t.float32))
+    fma_sat = asm("fma.rn.sat.f32 $0, $1, $2, $3;", "=f,f,f,f", _t.float32, (_t.float32, _t.float32, _t.float32))
+    fma_rp = asm("fma.rp.f32 $0, $1, $2, $3;", "=f,f,f,f", _t.float32, (_t.float32, _t.float32, _t.float32))
 
 
 # 4-bit decode by byte tables: the fp32 value of every E2M1 / ISO3 code has only its top two bytes
@@ -1346,20 +1369,16 @@ def _bf16_m4(a, b, c, d, m):
 
 @cuda.jit(device=True)
 def _i8_m4(a, b, c, d, mx, mn):
-    """Running max and min of the 16 int8 codes of 4 words, in s16x2 lanes (PRMT sign-extends
-    bytes 0, 2 and 1, 3 into the two lanes)."""
+    """Running max and min of the 16 int8 codes of 4 words, in the high bytes of s16x2 lanes: an
+    s16 lane is 256 h + l (h its signed high byte, l in 0..255), so the lane max / min has the
+    max / min h. x holds bytes 1, 3 high, x << 8 bytes 0, 2 (the shift can go to the FMA pipe's
+    IMAD; sign-extending PRMTs were 2 more ALU-pipe instructions per word)."""
     for x in (a, b, c, d):
-        e = prmt(x, 0, 0xA280)
-        o = prmt(x, 0, 0xB391)
-        mx = max_s16x2(mx, max_s16x2(e, o))
-        mn = min_s16x2(mn, min_s16x2(e, o))
+        x = _u32(x)
+        e = _u32(x << np.uint32(8))
+        mx = max_s16x2(mx, max_s16x2(x, e))
+        mn = min_s16x2(mn, min_s16x2(x, e))
     return mx, mn
-
-
-@register_jitable
-def _s16(x):
-    """Signed 16-bit lane value (x: 0..0xFFFF)."""
-    return np.int64((x & 0xFFFF) ^ 0x8000) - 0x8000
 
 
 @cuda.jit(device=True)
@@ -1386,8 +1405,10 @@ def _rq_max_int8(F, w, sw, s, stp, row, g):
     mx, mn = _i8_m4(w[4], w[5], w[6], w[7], mx, mn)
     mx, mn = _i8_m4(w[8], w[9], w[10], w[11], mx, mn)
     mx, mn = _i8_m4(w[12], w[13], w[14], w[15], mx, mn)
-    ci = max(max(_s16(mx), _s16(_u32(mx) >> np.uint32(16))), -min(_s16(mn), _s16(_u32(mn) >> np.uint32(16))))
-    mc = bits_f32(np.uint32(0x4B000000) | np.uint32(ci)) - np.float32(8388608.0)  # 0..128, exact
+    mx = max_s16x2(mx, _u32(mx) >> np.uint32(16))  # byte 1: the largest code
+    mn = min_s16x2(mn, _u32(mn) >> np.uint32(16))  # byte 1: the smallest
+    xb = _u32(prmt(mx, mn, 0x0051)) ^ np.uint32(0x8080)  # both, biased, in bytes 0 and 1
+    mc = max(_i8f(xb, 0), -_i8f(xb, 1))  # max |code|, 0..128, exact (32-bit, no 64-bit min/max)
     return abs(mc * s)  # |code| <= 128: rounding is monotonic, so this is the max |value|
 
 
@@ -1492,58 +1513,79 @@ def _bf16_enc8(a, b, c, d, r):
 # 128, and two exact evaluations pick it. Then each value is 3 byte-parallel compares in a binary
 # search (4 values per instruction; PRMT turns bit 7 of each byte into a byte mask): ~5
 # instructions per value instead of ~12 for decode, two multiplies and the six-op encoder.
+# The int8 kernel is bound by the ALU pipe (half the FMA pipe's rate on sm_90; ncu), so the
+# thresholds are computed by float ops alone (FMA pipe; the int32 version compiled to ~14
+# ALU-pipe instructions each, its sums widened to 64 bits).
 _I8_B = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_I8_M = 12582912.0  # 1.5 * 2^23: integers near it are floats with ulp 1 (bits 0x4B400000 + n)
+_I8_TB = np.uint32((-0x4B400000 * 0x01010101 - 0x80808080) & 0xFFFFFFFF)  # see _i8_threshold
+_I8_K = tuple(np.uint32((-w * 272 * 0x01010101) & 0xFFFFFFFF) for w in (1, 2, 4, 8))  # see _i8_mag4
 
 
 @cuda.jit(device=True)
-def _i8_threshold(s, r, inv, b, strict):
-    """t_k as 4 equal bytes (1..128; 128: never, as the bytes compared are <= 127). Branch-free,
-    32-bit: y(c0 - 1) meeting the test implies y(c0) does (monotonic)."""
-    c0 = np.int32(math.ceil(min(max(b * inv, np.float32(1.0)), np.float32(128.0))))
-    f0 = np.float32(c0)
-    y0 = ((f0 - np.float32(1.0)) * s) * r
+def _i8_threshold(s, r, inv, b, q):
+    """t_k (1..128; 128: never, as the codes compared are <= 127) as 4 equal bytes, minus
+    0x80808080 (_i8_mag4 compares |c| + 0x80 per byte); q = 1 for the strict test y > b (odd k),
+    -1 for y >= b (even k). For s > 0, r >= 0 finite (_rq_emit_int8). All FMA-pipe float ops:
+    c0 = ceil(min(b inv, 127)) by one fma rounding up at 1.5 * 2^23 + q (the clamp to 127 keeps
+    t <= 128: c0 + 1 <= 128), f0 = c0, and the test results as 0 / 1 by saturation: y and b are
+    floats >= 2^-26 apart when they differ, so sat((y - b) 2^30) is [y > b] and sat((b - y) 2^30)
+    is [y < b] (a NaN y, r = 0 with a huge s, only comes with all codes 0, any t >= 1 fits).
+    Then t = c0 + 1 - [y0 > b] - [y1 > b], or c0 - 1 + [y0 < b] + [y1 < b]: ulp-1 float
+    arithmetic on m, whose bits are 0x4B400000 + t at the end."""
+    cm = np.float32(_I8_M) + q
+    m = fma_rp(mul_sat(inv, b * np.float32(1.0 / 127.0)), np.float32(127.0), cm)
+    f0 = m - cm
+    y0 = ((m - (cm + np.float32(1.0))) * s) * r  # f0 - 1, exactly
     y1 = (f0 * s) * r
-    ok0 = np.int32(y0 > b if strict else y0 >= b)
-    ok1 = np.int32(y1 > b if strict else y1 >= b)
-    return np.uint32(min(c0 + np.int32(1) - ok0 - ok1, np.int32(128))) * np.uint32(0x01010101)
+    k = q * np.float32(2.0 ** 30)
+    m = m - q * fma_sat(y0, k, -k * b)
+    m = m - q * fma_sat(y1, k, -k * b)
+    return _u32(f32_bits(m) * np.uint32(0x01010101) + _I8_TB)
 
 
 @cuda.jit(device=True)
 def _i8_thresholds(s, r):
     inv = rcp_approx(s * r)
-    t1 = _i8_threshold(s, r, inv, np.float32(_I8_B[0]), True)
-    t2 = _i8_threshold(s, r, inv, np.float32(_I8_B[1]), False)
-    t3 = _i8_threshold(s, r, inv, np.float32(_I8_B[2]), True)
-    t4 = _i8_threshold(s, r, inv, np.float32(_I8_B[3]), False)
-    t5 = _i8_threshold(s, r, inv, np.float32(_I8_B[4]), True)
-    t6 = _i8_threshold(s, r, inv, np.float32(_I8_B[5]), False)
-    t7 = _i8_threshold(s, r, inv, np.float32(_I8_B[6]), True)
+    p = np.float32(1.0)
+    n = np.float32(-1.0)
+    t1 = _i8_threshold(s, r, inv, np.float32(_I8_B[0]), p)
+    t2 = _i8_threshold(s, r, inv, np.float32(_I8_B[1]), n)
+    t3 = _i8_threshold(s, r, inv, np.float32(_I8_B[2]), p)
+    t4 = _i8_threshold(s, r, inv, np.float32(_I8_B[3]), n)
+    t5 = _i8_threshold(s, r, inv, np.float32(_I8_B[4]), p)
+    t6 = _i8_threshold(s, r, inv, np.float32(_I8_B[5]), n)
+    t7 = _i8_threshold(s, r, inv, np.float32(_I8_B[6]), p)
     return t1, t2, t3, t4, t5, t6, t7, t2 ^ t6, t1 ^ t3, t5 ^ t7
 
 
 @cuda.jit(device=True)
 def _i8_mag4(w, t):
-    """Output magnitudes (0..7, one per byte) of the 4 int8 codes of w (none -128) for thresholds
-    t = (t1..t7, t2 ^ t6, t1 ^ t3, t5 ^ t7). A select between thresholds is x ^ ((x ^ y) & m):
-    one LOP3."""
+    """Output codes of the 4 int8 codes of w (none -128) for thresholds t = (t1..t7, t2 ^ t6,
+    t1 ^ t3, t5 ^ t7), each minus 0x80808080 (so x - t is 0x80 + |c| - t_k per byte, bit 7 the
+    test, no borrows), times 272: code i (sign bit 3, magnitude 0..7) in byte i + 1, plus code
+    i + 1 times 16 (_i8_word gathers bytes 1 and 3). A select between thresholds is
+    x ^ ((x ^ y) & m): one LOP3."""
     w = _u32(w)
-    sg = prmt(w, 0, 0xBA98)  # 0xFF per negative byte
-    x = _u32(_u32(w ^ sg) + (sg & np.uint32(0x01010101)) + np.uint32(0x80808080))  # 0x80 + |c| per byte
+    sg = _u32(prmt(w, 0, 0xBA98))  # 0xFF per negative byte
+    # |c| per byte: w - 2 (w & 0x7F) over the negative bytes ((c + 256) - 2 (c + 128) = -c; the
+    # 32-bit sum is the bytes' sum, no carries): one LOP3 and a shift and subtract ptxas puts on IMAD
+    x = _u32(w - _u32(and3(w, sg, 0x7F7F7F7F) << np.uint32(1)))
     m1 = prmt(_u32(x - t[3]), 0, 0xBA98)  # |c| >= t4
     m2 = prmt(_u32(x - (t[1] ^ (t[7] & m1))), 0, 0xBA98)  # >= t6 | t2
     hi = t[4] ^ (t[9] & m2)  # t7 | t5
     lo = t[0] ^ (t[8] & m2)  # t3 | t1
     m3 = prmt(_u32(x - (lo ^ ((hi ^ lo) & m1))), 0, 0xBA98)
-    return (m1 & np.uint32(0x04040404)) | (m2 & np.uint32(0x02020202)) | (m3 & np.uint32(0x01010101))
+    # The codes by IMAD (FMA pipe) instead of 4 LOP3s and a LEA (ALU pipe): each mask is 255 B
+    # (B its 0 / 1 bytes), so 8 sg + 4 m1 + 2 m2 + m3 = 255 V, V the code bytes, and 255 has the
+    # inverse -0x01010101 mod 2^32; 272 V = 16 V + 256 V packs codes i, i + 1 into byte i + 1.
+    return _u32(sg * _I8_K[3] + m1 * _I8_K[2] + m2 * _I8_K[1] + m3 * _I8_K[0])
 
 
 @cuda.jit(device=True)
 def _i8_word(a, b, t):
     """Output code word of 8 int8 values (source words a, b) by thresholds t."""
-    ma = _i8_mag4(a, t)
-    mb = _i8_mag4(b, t)
-    return prmt(_u32(ma + (ma >> np.uint32(4))), _u32(mb + (mb >> np.uint32(4))), 0x6420) \
-        | _signs8(prmt(a, b, 0x6420), prmt(a, b, 0x7531))
+    return prmt(_i8_mag4(a, t), _i8_mag4(b, t), 0x7531)
 
 
 @cuda.jit(device=True)
