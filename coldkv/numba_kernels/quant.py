@@ -1730,8 +1730,11 @@ def _make_requant(F):
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
     table (m -> E2M1 magnitude of dec(m) * d * r) built per source group (e2m1_table16, two
     entries per f16x2 instruction) and looked up 4 codes at a time with PRMT (_rq_table /
-    _rq_encode). bf16/int8: values encoded 8 per output word (_bf16_enc8 / _i8_word by thresholds; the integer
-    encoder only when r is not finite). Output scales by the hardware E4M3 conversions.
+    _rq_encode). A page whose g and g2 are in range (almost every page) takes the fast-page loop
+    instead: two units per iteration, branch-free tables, divisions by div.rn's fast path
+    (_rq_emit_4bit_fast, _rq_out_scale_fast). bf16: values encoded 8 per output word
+    (_bf16_enc8); int8 by 7 thresholds per unit (_i8_word); the integer encoder only when r is
+    not finite. Output scales by the hardware E4M3 conversions.
     """
     load = _RQ_LOAD[F]
     K = _RQ_KEEP[F]
@@ -1780,8 +1783,7 @@ def _make_requant(F):
             if STEPS:
                 _rq_sync(BLOCK)  # the previous page's lookups are done
                 for b in range(t, 128, T):
-                    v = e4m3_f32(b) / g
-                    stp[row, b] = v
+                    stp[row, b] = e4m3_f32(b) / g
                 _rq_sync(BLOCK)
             gm0 = umax(F, w0, sw0, s0, stp, row, g)
             gm1 = umax(F, w1, sw1, s1, stp, row, g) if K > 1 else z
@@ -1826,7 +1828,7 @@ def _make_requant(F):
                 if pf and fin and nl <= K:
                     srow = stp[row]
                     oo = ob + 8 * t
-                    os = osb + t
+                    osc = osb + t
                     # two units per iteration (0, 1 then 2, 3): one select per register pair, and
                     # the two units' tables are independent (ILP)
                     k = np.uint32(0)
@@ -1841,12 +1843,12 @@ def _make_requant(F):
                         gmb = gm1 if p0 else gm3
                         sba, ra = _rq_out_scale_fast(gma, g2)
                         sbb, rb = _rq_out_scale_fast(gmb, g2)
-                        _stf(out_scales, os, sba)
+                        _stf(out_scales, osc, sba)
                         _rq_emit_4bit_fast(F, wa, swa, srow, ra, o32, oo)
                         if np.uint32(k + np.uint32(1)) < n32:
-                            _stf(out_scales, os + T, sbb)
+                            _stf(out_scales, osc + T, sbb)
                             _rq_emit_4bit_fast(F, wb_, swb, srow, rb, o32, oo + 8 * T)
-                        os += 2 * T
+                        osc += 2 * T
                         oo += 16 * T
                         k = np.uint32(k + np.uint32(2))
                     nl = 0  # done: the general loop below runs no unit
