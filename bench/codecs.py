@@ -185,15 +185,23 @@ def copy_baselines(n, repeats):
 
 def run_gpu(args, save):
     """Validate then time every (op, format) of each kernel module (--variants: the same ops from
-    other versions of quant.py, timed in the same run); save(results) after each format."""
+    other versions of the kernels, timed in the same run); save(results) after each format.
+    A variant is a copy of quant.py; since session 14 the requant kernels are in requant.py, so a
+    variant made from a newer tree is quant.py + requant.py joined (name=modA+modB): later wins."""
     import importlib
+    from types import SimpleNamespace
 
-    from coldkv.numba_kernels import quant as Q
+    from coldkv.numba_kernels import quant, requant
 
-    modules = [("current", Q)]
+    def joined(*mods):
+        return SimpleNamespace(**{k: v for m in mods for k, v in vars(m).items() if not k.startswith("__")},
+                               __name__="+".join(m.__name__ for m in mods))
+
+    modules = [("current", joined(quant, requant))]
     for spec in filter(None, args.variants.split(",")):
-        name, mod = spec.split("=")
-        modules.append((name, importlib.import_module(mod)))
+        name, mods = spec.split("=")
+        modules.append((name, joined(*(importlib.import_module(m) for m in mods.split("+")))))
+    Q = quant  # the reference and pool layout (the same in every version)
 
     D, P, H = args.head_dim, args.page_tokens, args.heads
     ws = int(args.gib * GIB)
@@ -357,8 +365,9 @@ def main():
     ap.add_argument("--ops", default="append,dequant,requant", help="ops to time (the append still "
                     "runs once to fill the pool)")
     ap.add_argument("--formats", default=",".join(FMTS), help="source formats, comma-separated")
-    ap.add_argument("--variants", default="", help="name=module,... other quant.py versions to time too "
-                    "(e.g. v306=variants.quant_306a0c7; bench/ is on sys.path)")
+    ap.add_argument("--variants", default="", help="name=module[+module],... other kernel versions to time "
+                    "too: a copy of quant.py (e.g. v306=variants.quant_306a0c7), or of quant.py and requant.py "
+                    "joined with + (bench/ is on sys.path)")
     args = ap.parse_args()
     args.ops = [o for o in args.ops.split(",") if o]
     args.formats = [f for f in args.formats.split(",") if f]

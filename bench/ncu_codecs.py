@@ -15,6 +15,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM"):  # smoke run: the simulator lacks war
     sys.path.insert(0, str(ROOT / "tests"))
     __import__("cudasim_warp").install()
 from coldkv.numba_kernels import quant as Q  # noqa: E402
+from coldkv.numba_kernels import requant as RQ  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("formats", nargs="+")
@@ -45,7 +46,7 @@ for f in a.formats:
         os_ = cuda.device_array((n,) + os0.shape[1:], np.uint8)
         og = cuda.device_array(n, np.float32)
         for _ in range(2):
-            Q.launch_requant_c4g64(fid, codes, scales, pages, gs, oc, os_, og)
+            RQ.launch_requant_c4g64(fid, codes, scales, pages, gs, oc, os_, og)
     else:
         out = cuda.device_array((n, P, D), np.float32)
         for _ in range(2):

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PTX_MODULES = [
     "coldkv.numba_kernels.quant",
+    "coldkv.numba_kernels.requant",
     "coldkv.numba_kernels.attention_cuda",
     "coldkv.numba_kernels.attention_mma",
     "coldkv.numba_kernels.attention_prefill",

@@ -12,6 +12,7 @@ from numba import cuda, njit
 
 from coldkv.numba_kernels import fp, ptx
 from coldkv.numba_kernels import quant as Q
+from coldkv.numba_kernels import requant as RQ
 
 FMTS = list(Q.FORMAT_IDS.values())
 
@@ -195,7 +196,7 @@ def test_requant_cuda_matches_reference(fmt, D):
     gsrc = g.copy()
     oc, os_ = Q.pool_arrays("c4g64", 2, 4, D)
     og = np.zeros(2, np.float32)
-    Q.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
+    RQ.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
     for i in range(2):
         c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gsrc[i], D)
         np.testing.assert_array_equal(oc[i], c)
@@ -258,7 +259,7 @@ def test_gpu_large_bit_identical(fmt, D):
     og = np.zeros(n, np.float32)
     Q.requant_c4g64_cpu(fmt, want_c, want_s, pages, gs, oc, os_, og)
     d_oc, d_os, d_og = cuda.to_device(np.zeros_like(oc)), cuda.to_device(np.zeros_like(os_)), cuda.device_array(n, np.float32)
-    Q.launch_requant_c4g64(fmt, d_codes, d_scales, cuda.to_device(pages), cuda.to_device(gs), d_oc, d_os, d_og)
+    RQ.launch_requant_c4g64(fmt, d_codes, d_scales, cuda.to_device(pages), cuda.to_device(gs), d_oc, d_os, d_og)
     np.testing.assert_array_equal(d_oc.copy_to_host(), oc)
     np.testing.assert_array_equal(d_os.copy_to_host(), os_)
     np.testing.assert_array_equal(bits(d_og.copy_to_host()), bits(og))
@@ -452,7 +453,7 @@ def test_table_decoder_and_swar_max_match_scalar_cores():
     words[1000:1500] = 0
     for w0, w1 in words:
         want = max(((int(w) >> (4 * i)) & 7) for w in (w0, w1) for i in range(8))
-        assert Q._max_mag16(np.uint32(w0), np.uint32(w1)) == want
+        assert RQ._max_mag16(np.uint32(w0), np.uint32(w1)) == want
 
 
 ODD = [(3, 3, 64, 3, 2), (2, 1, 256, 4, 1), (1, 2, 512, 2, 0)]  # (T, H, D, P, pos0)
@@ -484,7 +485,7 @@ def test_dequant_requant_cuda_odd_shapes(fmt, shape):
     Q.launch_dequant_pages(fmt, codes, scales, pages, gs, out)
     oc, os_ = Q.pool_arrays("c4g64", pages.size, P, D)
     og = np.zeros(pages.size, np.float32)
-    Q.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
+    RQ.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
     for i in range(pages.size):
         ref = Q.ref_dequantize(codes[pages[i]], scales[pages[i]], fmt, gs[i], D)
         np.testing.assert_array_equal(bits(out[i]), bits(ref))
@@ -495,7 +496,7 @@ def test_dequant_requant_cuda_odd_shapes(fmt, shape):
 
 
 def test_requant_cuda_int8_ties_at_every_decision_point():
-    """int8 -> c4g64 encodes by thresholds on |code| (quant._i8_word). Rows built so that the value
+    """int8 -> c4g64 encodes by thresholds on |code| (requant._i8_word). Rows built so that the value
     times the output multiplier lands exactly on every E2M1 decision point (ties to the even code:
     0.25 -> 0, 0.75 -> 1.0, ...), their neighbours +-1 code, a -128 code (the exact fallback) and
     random rows: == the reference, and the test checks that the ties really occur."""
@@ -519,7 +520,7 @@ def test_requant_cuda_int8_ties_at_every_decision_point():
     pages, gsrc = np.zeros(1, np.int32), np.ones(1, np.float32)
     oc, os_ = Q.pool_arrays("c4g64", 1, P, D)
     og = np.zeros(1, np.float32)
-    Q.launch_requant_c4g64(Q.INT8, codes, scales, pages, gsrc, oc, os_, og)
+    RQ.launch_requant_c4g64(Q.INT8, codes, scales, pages, gsrc, oc, os_, og)
     c, s2, g2 = Q.ref_requantize(codes[0], scales[0], Q.INT8, 1.0, D)
     assert g2 == np.float32(64.0)
     y = np.abs(Q.ref_dequantize(codes[0], scales[0], Q.INT8, 1.0, D)[:4] * (g2 / Q.ref_e4m3_decode(s2[:4])))
@@ -535,7 +536,7 @@ def test_int8_thresholds_from_a_perturbed_estimate():
     evaluation, so an estimate off by a few ulps either way (rcp.approx) still gives the least
     |code| whose E2M1 magnitude reaches k; checked against brute force over |code| 0..128."""
     rng = np.random.default_rng(12)
-    B = [(np.float32(b), k % 2 == 0) for k, b in enumerate(Q._I8_B)]  # (b_k, strict) for k = 1..7
+    B = [(np.float32(b), k % 2 == 0) for k, b in enumerate(RQ._I8_B)]  # (b_k, strict) for k = 1..7
     c = np.arange(129, dtype=np.float32)
     for _ in range(300):
         s = np.float32(rng.choice([2.0 ** rng.integers(-8, 3), rng.uniform(1e-3, 2)]))
@@ -547,7 +548,7 @@ def test_int8_thresholds_from_a_perturbed_estimate():
                 meets = (y > b) if strict else (y >= b)
                 want = min(int(np.argmax(meets)) if meets.any() else 128, 128)
                 q = np.float32(1.0 if strict else -1.0)
-                got = (int(Q._i8_threshold(s, r, inv, b, q)) + 0x80) & 0xFF  # stored minus 0x80
+                got = (int(RQ._i8_threshold(s, r, inv, b, q)) + 0x80) & 0xFF  # stored minus 0x80
                 assert got == want, (s, r, rel, b)
 
 
@@ -563,7 +564,7 @@ def test_requant_cuda_unusual_source_globals(fmt, gmul):
     gsrc = np.repeat(g * np.float32(gmul), table.shape[1]).astype(np.float32)
     oc, os_ = Q.pool_arrays("c4g64", pages.size, 4, 64)
     og = np.zeros(pages.size, np.float32)
-    Q.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
+    RQ.launch_requant_c4g64(fmt, codes, scales, pages, gsrc, oc, os_, og)
     for i in range(pages.size):
         with np.errstate(over="ignore", invalid="ignore"):
             c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gsrc[i], 64)
@@ -580,7 +581,7 @@ def _requant_check(fmt, T, H, D, P, seed):
     gs = np.repeat(g, table.shape[1]).astype(np.float32)
     oc, os_ = Q.pool_arrays("c4g64", pages.size, P, D)
     og = np.zeros(pages.size, np.float32)
-    Q.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
+    RQ.launch_requant_c4g64(fmt, codes, scales, pages, gs, oc, os_, og)
     for i in range(pages.size):
         c, s, g2 = Q.ref_requantize(codes[pages[i]], scales[pages[i]], fmt, gs[i], D)
         np.testing.assert_array_equal(oc[i], c)
@@ -593,8 +594,8 @@ def test_requant_cuda_rereads_units_past_registers(fmt, monkeypatch):
     """Requant runs a warp per page; a lane keeps _RQ_KEEP[fmt] units in registers and reads the
     rest again in pass 2. Rebuilt with one kept unit, an 8 x 512 page (64 units, 2 per lane) takes
     that path."""
-    monkeypatch.setitem(Q._RQ_KEEP, fmt, 1)
-    monkeypatch.setitem(Q.requant_c4g64_cuda, fmt, Q._make_requant(fmt))
+    monkeypatch.setitem(RQ._RQ_KEEP, fmt, 1)
+    monkeypatch.setitem(RQ.requant_c4g64_cuda, fmt, RQ._make_requant(fmt))
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
