@@ -38,16 +38,9 @@ def _lut_word(lo, hi, w):
 
 @register_jitable
 def _has7(x0, x1):
-    """Whether any of the 16 nibbles of x0, x1 has code magnitude 7 (its three low bits set)."""
-    x0, x1 = _u32(x0), _u32(x1)
-    return ((x0 & (x0 >> np.uint32(1)) & (x0 >> np.uint32(2))) | (x1 & (x1 >> np.uint32(1)) & (x1 >> np.uint32(2)))) \
-        & np.uint32(0x11111111) != np.uint32(0)
-
-
-@register_jitable
-def _has7a(x0, x1):
-    """_has7 by adds: (n & 7) + 1 carries into the nibble's bit 3 exactly when n & 7 == 7 (no carry
-    leaves a nibble): two masks, two adds, one 3-input LOP3 instead of four shifts and three LOP3."""
+    """Whether any of the 16 nibbles of x0, x1 has code magnitude 7 (its three low bits set), by
+    adds: (n & 7) + 1 carries into the nibble's bit 3 exactly when n & 7 == 7 (no carry leaves a
+    nibble): two masks, two adds, one 3-input LOP3 (by shifts: four shifts and three LOP3s)."""
     a = _u32((_u32(x0) & np.uint32(0x77777777)) + np.uint32(0x11111111))
     b = _u32((_u32(x1) & np.uint32(0x77777777)) + np.uint32(0x11111111))
     return ((a | b) & np.uint32(0x88888888)) != np.uint32(0)
@@ -264,14 +257,14 @@ def _rq_max_4bit(F, w, sw, s, stp, row, g):
     # the largest and gives NaN: the slow path). One lookup instead of four quarter maxima.
     if F == C4G64:  # one source group: its largest code magnitude times its one step
         d = _rq_step(F, stp, row, sw, 0, g)
-        if _has7a(w[0], w[1]) or _has7a(w[2], w[3]) or _has7a(w[4], w[5]) or _has7a(w[6], w[7]):
+        if _has7(w[0], w[1]) or _has7(w[2], w[3]) or _has7(w[4], w[5]) or _has7(w[6], w[7]):
             # |dec(7) d| = 6 |d| (NaN for a NaN step: its payload never matters, the caller only
             # tests the max for finiteness)
             return abs(d) * np.float32(6.0)
         m = max(max(_max_mag16(w[0], w[1]), _max_mag16(w[2], w[3])),
                 max(_max_mag16(w[4], w[5]), _max_mag16(w[6], w[7])))
         return abs(_decode_nibble(F, m, d))  # NaN / inf (a NaN byte, a huge step): the slow path
-    if _has7a(w[0], w[1]) and _has7a(w[2], w[3]) and _has7a(w[4], w[5]) and _has7a(w[6], w[7]):
+    if _has7(w[0], w[1]) and _has7(w[2], w[3]) and _has7(w[4], w[5]) and _has7(w[6], w[7]):
         b = _u32(sw) & np.uint32(0x7F7F7F7F)
         b = max_u16x2(b & np.uint32(0x00FF00FF), (b >> np.uint32(8)) & np.uint32(0x00FF00FF))
         b = max_u16x2(b, b >> np.uint32(16)) & np.uint32(0xFF)  # 32-bit (max() of these was 64-bit)
@@ -709,7 +702,9 @@ def _make_requant(F):
                 else:
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                     gm = umax(F, w, sw, s, stp, row, g)
-                if g2ok and gm <= F32_MAX:  # the fast page's divisions (bf16, int8, large pages)
+                # the fast page's divisions (bf16, int8, large pages); tested here, not inside
+                # _rq_out_scale: there ptxas spilled 20 bytes in bf16's kernel (8 here)
+                if g2ok and gm <= F32_MAX:
                     sb, r = _rq_out_scale_fast(gm, g2)
                 else:
                     sb, r = _rq_out_scale(gm, g2)
