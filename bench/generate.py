@@ -39,7 +39,6 @@ sys.path.insert(0, str(ROOT))
 from benchutil import git_commit, prompt_ids  # noqa: E402
 
 import coldkv  # noqa: E402
-from coldkv.numba_kernels import attention_cuda  # noqa: E402
 from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
 from coldkv.runtime.engine import generate  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
@@ -62,32 +61,15 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     return out
 
 
-_PREFILL_KERNELS = {"fa": ("fa", 4), "wg": ("wg", 4),
-                    "wg8": ("wg", 8, False), "wg8pp": ("wg", 8, True)}  # (kernel, warps, ping-pong)
-_AUTO = attention_cuda._prefill_auto
-_PINGPONG = attention_cuda._WG_PINGPONG
-
-
 def chunked_backend(model, kern):
-    """A CUDA backend for a --prefill-attention name; "NAME@N" caps its prefill chunk at N tokens
-    (cuda_backend.MAX_CHUNK while it is built: an A/B of the chunk size in one run)."""
-    from coldkv.runtime import cuda_backend
-
-    cap = int(kern.split("@")[1]) if "@" in kern else cuda_backend.MAX_CHUNK
-    old, cuda_backend.MAX_CHUNK = cuda_backend.MAX_CHUNK, cap
-    try:
-        return CUDABackend(model)
-    finally:
-        cuda_backend.MAX_CHUNK = old
+    """A CUDA backend for a --prefill-attention name (attention_cuda.prefill_kernel); "NAME@N" runs
+    prefill chunks of N tokens (an A/B of the chunk size in one run)."""
+    name, _, chunk = kern.partition("@")
+    return CUDABackend(model, prefill_attention=name, prefill_chunk=int(chunk) if chunk else None)
 
 
-def time_coldkv(backend, tok, ids, table, new, prefill_attention="auto"):
-    """-> (prefill tok/s, decode tok/s, generated tokens). prefill_attention: which prefill kernel
-    attention_cuda's "auto" picks ("auto" its own choice per format; a name of _PREFILL_KERNELS
-    swaps its module-level chooser, for an A/B in one run)."""
-    kern = _PREFILL_KERNELS.get(prefill_attention.split("@")[0])
-    attention_cuda._prefill_auto = _AUTO if kern is None else (lambda kf, vf, D=128: kern[:2])
-    attention_cuda._WG_PINGPONG = _PINGPONG if kern is None or len(kern) < 3 else kern[2]
+def time_coldkv(backend, tok, ids, table, new):
+    """-> (prefill tok/s, decode tok/s, generated tokens)."""
     r = generate(backend, tok, ids, table=table, max_new_tokens=new)
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
@@ -139,8 +121,8 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda._prefill_auto), fa, wg, wg8, wg8pp, each with "
-                    "an optional @N (prefill chunks of at most N tokens, e.g. auto@16384); each "
+                    help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, each with "
+                    "an optional @N (prefill chunks of N tokens, a multiple of 1024, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
@@ -167,7 +149,7 @@ def main() -> None:
             warm = ids[:2 * backends[kernels[0]].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
                 for kern in kernels:
-                    time_coldkv(backends[kern], tok, warm, resolve_table(name, n_layers), 8, kern)
+                    time_coldkv(backends[kern], tok, warm, resolve_table(name, n_layers), 8)
             hf = transformers.AutoModelForCausalLM.from_pretrained(
                 model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
             hf_pre, hf_dec = time_hf(hf, torch, ids, a.new, a.repeats)
@@ -177,7 +159,7 @@ def main() -> None:
                 first = None
                 for kern in kernels:
                     # run 1 captures the graphs for this cache size; runs 2.. reuse its arena and replay
-                    runs = [time_coldkv(backends[kern], tok, ids, resolve_table(name, n_layers), a.new, kern)
+                    runs = [time_coldkv(backends[kern], tok, ids, resolve_table(name, n_layers), a.new)
                             for _ in range(max(2, a.repeats))]
                     pre = float(np.median([r[0] for r in runs[1:]]))
                     dec = float(np.median([r[1] for r in runs[1:]]))

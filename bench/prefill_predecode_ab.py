@@ -1,5 +1,6 @@
 """A/B in one process: a long nvfp4 prefill with the 4-bit planes pre-decoded once per chunk and
-layer (the default) vs decoded by every query block of the fa kernel (H200).
+layer vs decoded by every query block, both with the fa kernel (H200; "auto" there is "wg",
+which always decodes in the block).
 
     python bench/prefill_predecode_ab.py --commit HASH --prompt 32768 --out $OUT/prefill_predecode_ab.json
 
@@ -42,7 +43,7 @@ def main() -> None:
     ids = np.array(prompt_ids(Tokenizer.from_dir(model), n), np.int64)
     res, logits = {}, {}
     for name in ("predecode", "decode_per_block"):
-        backend = CUDABackend(model)
+        backend = CUDABackend(model, prefill_attention="fa")
         table = resolve_table(a.table, backend.args.num_hidden_layers)
         walls = []
         for _ in range(5):

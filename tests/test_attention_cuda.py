@@ -410,6 +410,17 @@ def test_prefill_chunk_tokens():
     assert prefill_chunk_tokens(wide, 132) == 2048  # 4096 tokens of buffers would pass 1 GiB
 
 
+def test_prefill_kernel_names():
+    """The CUDA backend's prefill_attention names: (mma_prefill, mma_warps, mma_pingpong); "auto"
+    is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU); an unknown name is an error."""
+    assert A.prefill_kernel("fa", 128) == ("fa", A.NWARPS, False)
+    assert A.prefill_kernel("wg8pp", 128) == ("wg", 8, True)
+    assert A.prefill_kernel("auto", 128) == A._prefill_auto(None, None, 128) + (False,)
+    assert A.prefill_kernel("auto", 256)[0] == "fa"
+    with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
+        A.prefill_kernel("rows", 128)
+
+
 def test_padded_rows_and_cache_capacity():
     """A short chunk's pass: >= its tokens, at most 2x below 1024 and 1.33x above 3072 rows, few
     distinct sizes; a cache's capacity leaves room for the padded last chunk of any prompt split

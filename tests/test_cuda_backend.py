@@ -231,6 +231,31 @@ def test_prefill_graphs_equal_eager_and_match_forward(bundled):
         assert a.argmax() == c.argmax()
 
 
+def test_prefill_kernel_choice_and_scratch(bundled):
+    """The prefill attention kernel is a backend option. "fa" reads 4-bit pages pre-decoded into
+    the cache's 16-bit scratch; "auto" ("wg" on the H200) decodes in its blocks, so its caches
+    hold no scratch: that many bytes less, and prefill logits within fp32 summation-order noise
+    of fa's (same pages, bitwise)."""
+    from coldkv.numba_kernels import attention_cuda
+
+    d, tok, cpu, gpu, ref = bundled
+    fa = _cuda(d, prefill_attention="fa")
+    prompt = np.array(ref["seq"][:ref["n"]])
+    table = resolve_table("nvfp4", cpu.args.num_hidden_layers)
+    ca, cb = gpu.new_cache(table, len(prompt)), fa.new_cache(table, len(prompt))
+    la, lb = gpu.prefill(prompt, ca, 128), fa.prefill(prompt, cb, 128)
+    wg = attention_cuda._prefill_auto(None, None, cpu.args.head_dim)[0] == "wg"
+    scratch = sum(x.nbytes for x in cb.arena.prefill_scratch)
+    assert scratch > 0 and (ca.arena.prefill_scratch is None) == wg
+    assert cb.arena.nbytes - ca.arena.nbytes == (scratch if wg else 0)
+    for layer in range(cpu.args.num_hidden_layers):
+        for x, y in zip(ca.to_host().dense(layer), cb.to_host().dense(layer)):
+            assert np.array_equal(x, y)
+    diff = _maxdiff(la, lb)
+    print(f"\nauto ({'wg' if wg else 'fa'}) vs fa prefill: logits max-abs {diff:.3g}, scratch {scratch / 2**20:.1f} MiB")
+    assert diff <= 1e-3 * np.abs(lb).max() and la.argmax() == lb.argmax()
+
+
 def test_new_cache_reuses_arena_and_graphs(bundled):
     """A cache made once the last one is gone (same table, same size) reuses its device memory and
     the graphs captured on it, the calibrating first chunk's included: every prefill's logits and

@@ -51,3 +51,10 @@ def test_arena_bytes_are_what_check_memory_counts():
         a = DevicePagedKVCache(table, H, D, 100, P).arena
         assert a.nbytes == device_kv_nbytes(table, H, D, 100, P), name
         assert (sum(x.size for x in a.prefill_scratch) > 0) == scratch, name
+        # without the scratch (the "wg" prefill kernel's backends): the pools alone, a key of its own
+        c = DevicePagedKVCache(table, H, D, 100, P, prefill_scratch=False)
+        assert c.arena.prefill_scratch is None and c.arena.key != a.key, name
+        assert c.arena.nbytes == device_kv_nbytes(table, H, D, 100, P, prefill_scratch=False), name
+        assert a.nbytes - c.arena.nbytes == sum(x.nbytes for x in a.prefill_scratch), name
+        assert DevicePagedKVCache(table, H, D, 100, P, c.arena, prefill_scratch=False).arena is c.arena
+        assert DevicePagedKVCache(table, H, D, 100, P, c.arena).arena is not c.arena

@@ -632,7 +632,21 @@ def _prefill_auto(kf, vf, D: int = 128):
     return ("fa", NWARPS)
 
 
-_WG_PINGPONG = False  # "wg" with 8 warps: named-barrier turns (attention_prefill._build_prefill_fa pingpong)
+# Prefill kernels by name: (mma_prefill, mma_warps, mma_pingpong) of paged_attention_cuda. "wg8pp":
+# the two warpgroups take turns on the tensor cores (named barriers; measured no faster end to end,
+# docs/kernels.md "Ping-pong").
+PREFILL_KERNELS = {"fa": ("fa", NWARPS, False), "wg": ("wg", 4, False), "wg8": ("wg", 8, False),
+                   "wg8pp": ("wg", 8, True)}
+
+
+def prefill_kernel(name: str, D: int) -> tuple[str, int, bool]:
+    """(mma_prefill, mma_warps, mma_pingpong) for a prefill kernel name of PREFILL_KERNELS, or
+    "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
+    if name == "auto":
+        return _prefill_auto(None, None, D) + (False,)
+    if name not in PREFILL_KERNELS:
+        raise ValueError(f"unknown prefill attention kernel {name!r}: auto, {', '.join(PREFILL_KERNELS)}")
+    return PREFILL_KERNELS[name]
 
 
 @functools.cache
@@ -701,7 +715,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=None):
+                         mma_pingpong=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -725,7 +739,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_warps / mma_chb (keys per shared tile of "wg") /
-    mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores; None = _WG_PINGPONG): tuning knobs of the benchmark
+    mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -776,7 +790,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
-            chb=mma_chb if wg else 0, pre=pre, pingpong=_WG_PINGPONG if mma_pingpong is None else mma_pingpong)
+            chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong)
         threads = 32 * mma_warps
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if wg else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)

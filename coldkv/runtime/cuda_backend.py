@@ -26,6 +26,7 @@ from numba import cuda
 
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
+from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda
 from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
 from coldkv.numba_kernels.sampling import launch_sample
@@ -108,7 +109,10 @@ class CUDABackend:
     name = "cuda"
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
-                 graphs: bool = True):
+                 graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None):
+        """prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
+        "fa", "wg", "wg8", "wg8pp"); prefill_chunk: tokens of a prefill pass, a multiple of
+        PAD_QUANTUM (None: prefill_chunk_tokens). Both are for benchmarks' A/Bs."""
         from coldkv.runtime.loader import load_args, load_weights
 
         self.args = a = args or load_args(model_dir)
@@ -116,7 +120,11 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
                             f"this model has {a.head_dim}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
-        self.max_chunk = prefill_chunk_tokens(a, _sm_count())
+        # (mma_prefill, mma_warps, mma_pingpong) of chunks of more than one token
+        self.prefill_attention = attention_cuda.prefill_kernel(prefill_attention, a.head_dim)
+        if prefill_chunk is not None and (prefill_chunk <= 0 or prefill_chunk % PAD_QUANTUM):
+            raise ValueError(f"prefill_chunk must be a positive multiple of {PAD_QUANTUM}, got {prefill_chunk}")
+        self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count())
         self.prefill_chunk = self.max_chunk  # the Backend protocol's default tokens per prefill step
         self.stream = cuda.stream()
         self.gemm = CublasGemm(self.stream)
@@ -197,9 +205,16 @@ class CUDABackend:
             self._graphs = {}
         if reuse is not None:
             self.stream.synchronize()  # nothing queued may still read it
-        cache = DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens, reuse)
+        cache = DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, max_tokens, self.page_tokens, reuse,
+                                   self._scratch)
         self._arena, self._arena_user = cache.arena, weakref.ref(cache)
         return cache
+
+    @property
+    def _scratch(self) -> bool:
+        """Whether caches hold the 16-bit planes the "fa" prefill kernel reads 4-bit pages from
+        (one layer's 4-bit planes at 16 bits: ~13% of a 28-layer nvfp4 cache)."""
+        return self.prefill_attention[0] == "fa"
 
     def _held_arena(self, table: KVTable, max_tokens: int) -> tuple[DeviceKVArena | None, bool]:
         """(the kept arena if its cache is gone, else None; whether a cache of this table and size
@@ -207,12 +222,12 @@ class CUDABackend:
         held = self._arena if self._arena_user() is None else None
         a = self.args
         same = held is not None and held.key == arena_key(table, a.num_key_value_heads, a.head_dim, max_tokens,
-                                                          self.page_tokens)
+                                                          self.page_tokens, self._scratch)
         return held, same
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a, cap = self.args, cache_tokens(max_tokens)
-        need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, cap, self.page_tokens)
+        need = device_kv_nbytes(table, a.num_key_value_heads, a.head_dim, cap, self.page_tokens, self._scratch)
         free, total = cuda.current_context().get_memory_info()
         held, same = self._held_arena(table, cap)  # new_cache reuses or frees it
         if held is not None:
@@ -382,8 +397,10 @@ class CUDABackend:
             post_qkv(True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
             at, plan_len = (pos, cache.capacity) if pos0 is None else (pos0, None)
+            kind, warps, pingpong = self.prefill_attention if T > 1 else (None, None, False)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
+                                 mma_prefill=kind, mma_warps=warps, mma_pingpong=pingpong,
                                  prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
             gemm(o16, lw.wo, x, accumulate=True)

@@ -44,8 +44,9 @@ class DeviceKVArena:
     graphs captured on these addresses are replayed instead of captured again (~10-20 ms of
     Python per new cache)."""
 
-    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int):
-        self.key = arena_key(table, n_kv_heads, head_dim, max_pages * page_tokens, page_tokens)
+    def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_pages: int, page_tokens: int,
+                 prefill_scratch: bool = True):
+        self.key = arena_key(table, n_kv_heads, head_dim, max_pages * page_tokens, page_tokens, prefill_scratch)
         cap, n = n_kv_heads * max_pages, table.n_layers
         self.pools = []  # per layer: ((K codes, K scales), (V codes, V scales)), [cap pages, page_tokens, cols]
         for kv in table.layers:
@@ -60,22 +61,26 @@ class DeviceKVArena:
         self.gscale_dev = cuda.device_array((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head], kernels write it
         # [layer, K/V] 1 where the plane's format has a second-level scale to calibrate
         self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
-        # (K, V) the 4-bit planes of one layer decoded to 16-bit rows for prefill attention, shared by
-        # the layers in turn: [pool rows * head_dim / 2] uint32, empty where no layer has a 4-bit plane
+        # (K, V) the 4-bit planes of one layer decoded to 16-bit rows for the "fa" prefill kernel,
+        # shared by the layers in turn: [pool rows * head_dim / 2] uint32, empty where no layer has a
+        # 4-bit plane; None without prefill_scratch (the "wg" kernel decodes in its blocks)
         self.prefill_scratch = tuple(cuda.device_array(cap * page_tokens * head_dim // 2 * four_bit, np.uint32)
-                                     for four_bit in four_bit_planes(table))
+                                     for four_bit in four_bit_planes(table)) if prefill_scratch else None
 
     @property
     def nbytes(self) -> int:
         """Device bytes (== device_kv_nbytes of its shape)."""
         small = self.table_dev.nbytes + self.gscale_dev.nbytes + self.two_level_dev.nbytes
         return sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + small + \
-            sum(a.nbytes for a in self.prefill_scratch)
+            sum(a.nbytes for a in self.prefill_scratch or ())
 
 
-def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> tuple:
-    """What must match for a cache to reuse an arena: the formats, heads, head_dim and page count."""
-    return tuple(tuple(kv) for kv in table.layers), n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens
+def arena_key(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int,
+              prefill_scratch: bool = True) -> tuple:
+    """What must match for a cache to reuse an arena: the formats, heads, head_dim, page count and
+    whether it holds the prefill scratch."""
+    return (tuple(tuple(kv) for kv in table.layers), n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens,
+            prefill_scratch)
 
 
 def four_bit_planes(table: KVTable) -> tuple[bool, bool]:
@@ -85,11 +90,15 @@ def four_bit_planes(table: KVTable) -> tuple[bool, bool]:
 
 class DevicePagedKVCache(PagedKVCache):
     def __init__(self, table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int = 64,
-                 arena: DeviceKVArena | None = None):
+                 arena: DeviceKVArena | None = None, prefill_scratch: bool = True):
         """arena: device memory to reuse (a cache of the same shape that is gone; its pages are
-        stale and are only read after this cache writes them); None or another shape: a new one."""
-        if arena is None or arena.key != arena_key(table, n_kv_heads, head_dim, max_tokens, page_tokens):
-            arena = DeviceKVArena(table, n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens)
+        stale and are only read after this cache writes them); None or another shape: a new one.
+        prefill_scratch: allocate the 16-bit planes the "fa" prefill kernel reads 4-bit pages from
+        (one layer's worth; the "wg" kernel, Hopper's default, does without)."""
+        key = arena_key(table, n_kv_heads, head_dim, max_tokens, page_tokens, prefill_scratch)
+        if arena is None or arena.key != key:
+            arena = DeviceKVArena(table, n_kv_heads, head_dim, -(-max_tokens // page_tokens), page_tokens,
+                                  prefill_scratch)
         self.arena = arena
         self._planes = iter(plane for layer in arena.pools for plane in layer)
         super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
@@ -152,15 +161,16 @@ class DevicePagedKVCache(PagedKVCache):
         return self.to_host().dense(layer)
 
 
-def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int) -> int:
+def device_kv_nbytes(table: KVTable, n_kv_heads: int, head_dim: int, max_tokens: int, page_tokens: int,
+                     prefill_scratch: bool = True) -> int:
     """Device bytes a DevicePagedKVCache of max_tokens allocates (all pools at capacity, its table
-    and scales, and the 16-bit prefill scratch of one layer's 4-bit planes)."""
+    and scales, and with prefill_scratch the 16-bit planes of one layer's 4-bit planes)."""
     max_pages = -(-max_tokens // page_tokens)
     total = 0
     for kv in table.layers:
         for f in kv:
             codes, scales = pool_arrays(f, 1, page_tokens, head_dim)
             total += (codes.nbytes + scales.nbytes) * n_kv_heads * max_pages
-    scratch = sum(four_bit_planes(table)) * n_kv_heads * max_pages * page_tokens * head_dim * 2
+    scratch = sum(four_bit_planes(table)) * n_kv_heads * max_pages * page_tokens * head_dim * 2 * prefill_scratch
     small = table.n_layers * 2 * (n_kv_heads * max_pages * 4 + n_kv_heads * 4 + 4)  # table, gscale, two_level
     return total + small + scratch
