@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cuda.bindings import driver as cu
+from numba import cuda
 
 
 def _check(result):
@@ -22,13 +23,18 @@ def _check(result):
 class CapturedGraph:
     def __init__(self, stream, record: Callable[[], None]):
         """Runs `record()` (which enqueues work on `stream`) under stream capture. Relaxed mode:
-        other threads' CUDA calls (e.g. allocations) are not errors while capturing."""
+        other threads' CUDA calls (e.g. allocations) are not errors while capturing. Numba's
+        deferred frees are held back meanwhile: a garbage collection inside record() (a dropped
+        cache or backend) would otherwise flush them, and a cuMemFree invalidates the capture
+        (seen on the H200 at bea2e6d: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED after a test that
+        dropped a second backend)."""
         self._stream = cu.CUstream(int(stream.handle))
-        _check(cu.cuStreamBeginCapture(self._stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        try:
-            record()
-        finally:
-            graph = _check(cu.cuStreamEndCapture(self._stream))
+        with cuda.defer_cleanup():
+            _check(cu.cuStreamBeginCapture(self._stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+            try:
+                record()
+            finally:
+                graph = _check(cu.cuStreamEndCapture(self._stream))
         self._graph = graph
         self._exec = _check(cu.cuGraphInstantiate(graph, 0))
 
