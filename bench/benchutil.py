@@ -23,3 +23,62 @@ def prompt_ids(tok, n: int) -> list[int]:
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))
     ids = tok.encode(text)
     return (ids * (n // len(ids) + 1))[:n]
+
+
+_SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def parse_smi(lines, start=None, end=None) -> dict | None:
+    """Summary of `nvidia-smi --query-gpu=<_SMI_FIELDS> --format=csv,noheader,nounits` lines (one
+    GPU), of the samples stamped within [start, end] (datetimes; None: all): SM clock median / min
+    (MHz), max power (W) and temperature (C), and the clock-event reasons seen (hex bitmasks other
+    than 0: power or thermal capping, ...). None without samples."""
+    from datetime import datetime
+
+    rows = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f")
+            row = (float(parts[1]), float(parts[2]), float(parts[3]), parts[4])
+            int(row[3], 16)
+        except (IndexError, ValueError):
+            continue
+        if (start is None or t >= start) and (end is None or t <= end):
+            rows.append(row)
+    if not rows:
+        return None
+    mhz = sorted(r[0] for r in rows)
+    return {"samples": len(rows), "sm_mhz_median": mhz[len(mhz) // 2], "sm_mhz_min": mhz[0],
+            "power_w_max": max(r[1] for r in rows), "temp_c_max": max(r[2] for r in rows),
+            "event_reasons": sorted({r[3] for r in rows if int(r[3], 16) != 0})}
+
+
+def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
+    """Runs fn() back to back for `seconds` while nvidia-smi samples the GPU every 20 ms, and
+    returns parse_smi's summary of the samples taken meanwhile: the SM clock a kernel actually ran
+    at. A compute-bound kernel's ratio to a copy kernel moves with it (the requant kernels read
+    0.53-0.81x of copy on three H200s in session 15 while the copy did not move). None where
+    nvidia-smi is missing or sampled nothing."""
+    import time
+    from datetime import datetime
+
+    try:
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits",
+                                "-lms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except OSError:
+        return None
+    try:
+        time.sleep(0.3)  # nvidia-smi's start
+        start = datetime.now()
+        stop = time.perf_counter() + seconds
+        while time.perf_counter() < stop:
+            for _ in range(20):
+                fn()
+            if sync:
+                sync()
+        end = datetime.now()
+    finally:
+        smi.terminate()
+        out, _ = smi.communicate(timeout=10)
+    return parse_smi(out.splitlines(), start, end)

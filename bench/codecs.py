@@ -37,7 +37,7 @@ from numba import cuda
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import clocks_under_load, git_commit  # noqa: E402
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM"):  # --small smoke run: the simulator lacks warp shuffles
     sys.path.insert(0, str(ROOT / "tests"))
@@ -137,7 +137,7 @@ def copy_v4_kernel(src, dst):
             _st4(dst, (4 * (i + 3 * st),), d)
 
 
-def copy_baselines(n, repeats):
+def copy_baselines(n, repeats, clocks=lambda fn: None):
     """GB/s of the copy kernels over n float32 (bytes = read + written); ratios use the fastest
     Numba one (`copy`), the goal's baseline, and torch's d2d copy (`torch_d2d`) when present."""
     out = {}
@@ -153,7 +153,7 @@ def copy_baselines(n, repeats):
         dst[:] = np.float32(0)
         ms, _ = timed(fn, repeats)
         assert np.array_equal(dst.copy_to_host(), src.copy_to_host()), name
-        out[name] = {"bytes": 2 * n * 4, "ms": ms, "GBps": 2 * n * 4 / ms / 1e6}
+        out[name] = {"bytes": 2 * n * 4, "ms": ms, "GBps": 2 * n * 4 / ms / 1e6, "clocks": clocks(fn)}
     del src, dst
     try:
         import torch
@@ -225,6 +225,12 @@ def run_gpu(args, save):
         c, s = Q.pool_arrays(f, 1, P, D)
         return pages * (c.nbytes + s.nbytes)
 
+    def clocks(fn):
+        """The GPU's SM clock and power while fn runs back to back (nvidia-smi; not under the simulator)."""
+        if not args.clocks or os.environ.get("NUMBA_ENABLE_CUDASIM"):
+            return None
+        return clocks_under_load(fn, sync=cuda.synchronize)
+
     def record(**r):
         r["GBps"] = r["bytes"] / r["ms"] / 1e6
         r["ratio_to_copy"] = r["GBps"] / results["copy"]["copy"]["GBps"]
@@ -279,8 +285,10 @@ def run_gpu(args, save):
         while os.path.exists(f"/proc/{args.wait_pid}"):
             time.sleep(0.5)
     # --- baselines
-    results["copy"] = copy_baselines(ws // 4, args.repeats)
-    print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" for k, v in results["copy"].items() if k != "copy"),
+    results["copy"] = copy_baselines(ws // 4, args.repeats, clocks)
+    print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" + (f" (SM {v['clocks']['sm_mhz_median']:.0f} MHz)"
+                                                              if v.get("clocks") else "")
+                                    for k, v in results["copy"].items() if k != "copy"),
           flush=True)
 
     for kname, Q in modules:
@@ -304,7 +312,8 @@ def run_gpu(args, save):
                     assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
             n_rec = len(results["ops"])  # this format's rows start here (printed below)
             if "append" in args.ops:
-                record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw)
+                record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw,
+                       clocks=clocks(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g)))
 
             # dequantize every page of the pool into fp32 [n, P, D]
             npages = H * n_lp
@@ -318,7 +327,8 @@ def run_gpu(args, save):
                 for j in (0, npages - 1, npages // 3):
                     ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
                     assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
-                record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw)
+                record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw,
+                       clocks=clocks(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out)))
                 del out
 
             if "requant" in args.ops:
@@ -340,12 +350,14 @@ def run_gpu(args, save):
                     assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
                     assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
                 record(kernels=kname, op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
-                       source_pages_reused=nreq > npages)
+                       source_pages_reused=nreq > npages,
+                       clocks=clocks(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og)))
                 del oc, os_, og
             del codes, scales
             for r in results["ops"][n_rec:]:
-                print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy",
-                      flush=True)
+                clk = f"  SM {r['clocks']['sm_mhz_median']:.0f} MHz" if r.get("clocks") else ""
+                print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy"
+                      f"{clk}", flush=True)
             save(results)
     return results
 
@@ -365,6 +377,8 @@ def main():
     ap.add_argument("--ops", default="append,dequant,requant", help="ops to time (the append still "
                     "runs once to fill the pool)")
     ap.add_argument("--formats", default=",".join(FMTS), help="source formats, comma-separated")
+    ap.add_argument("--no-clocks", dest="clocks", action="store_false", help="skip sampling the SM clock "
+                    "(nvidia-smi, ~1 s an op) while each op runs back to back")
     ap.add_argument("--variants", default="", help="name=module[+module],... other kernel versions to time "
                     "too: a copy of quant.py (e.g. v306=variants.quant_306a0c7), or of quant.py and requant.py "
                     "joined with + (bench/ is on sys.path)")
