@@ -588,7 +588,8 @@ def _make_requant(F):
         D = out_codes.shape[2] * 2
         lane = cuda.threadIdx.x & 31
         wid = cuda.threadIdx.x >> 5
-        nwb = cuda.blockDim.x >> 5  # warps (pages at a time) per block
+        nwb = _WARPS  # warps (pages at a time) per block: launch_requant_c4g64's blocks, a constant so
+        # that the divisions by T below are shifts (a 64-bit division call per page and thread before)
         ld = _log2(D)
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
@@ -596,7 +597,7 @@ def _make_requant(F):
         red = cuda.shared.array((2, _WARPS), np.float32)  # a block per page: the warps' maxima by page parity
         # a page's threads: its warp (t = lane, T = 32) or the whole block
         t = cuda.threadIdx.x if BLOCK else lane
-        T = cuda.blockDim.x if BLOCK else 32
+        T = 32 * _WARPS if BLOCK else 32
         row = 0 if BLOCK else wid  # step-table row
         pd = P * D
         nu = pd >> 6  # 64-value units (output groups) of a page
@@ -691,14 +692,17 @@ def _make_requant(F):
                     nl = 0  # done: the general loop below runs no unit
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
-            # Units past the kept ones (large pages) are read again.
+            # Units past the kept ones (large pages) are read again. (bf16's one kept unit outside
+            # the loop, to save the 32 register moves that merge it with the reloads, spilled 44
+            # bytes: two copies of the encoder.)
             for k in range(nl):
                 u = t + T * k
-                if k < K:
-                    w = w0 if k == 0 else (w1 if k == 1 else (w2 if k == 2 else w3))
-                    sw = sw0 if k == 0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
-                    s = s0 if k == 0 else (s1 if k == 1 else (s2 if k == 2 else s3))
-                    gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
+                if k < K:  # (K == 1 folds the selects away: bf16's w1..w3 are never live)
+                    k0 = K == 1 or k == 0
+                    w = w0 if k0 else (w1 if k == 1 else (w2 if k == 2 else w3))
+                    sw = sw0 if k0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
+                    s = s0 if k0 else (s1 if k == 1 else (s2 if k == 2 else s3))
+                    gm = gm0 if k0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
                 else:
                     w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                     gm = umax(F, w, sw, s, stp, row, g)
