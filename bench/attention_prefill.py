@@ -15,8 +15,9 @@ bench/attention_decode.py does), then per row:
               (kernel="mma", mma_prefill=False), every token re-reads and re-decodes its K/V;
        `fa` / `fa8` the prefill kernel with MMA rows = (query token, q head) and K/V tiles
               shared by the block's 4 / 8 warps (mma_prefill="fa", mma.sync);
-       `wg` / `wg8` / `wg8pp` the same on warpgroup MMAs (mma_prefill="wg", sm_90a; wg8pp: the
-              two warpgroups take turns); kernel="auto" picks wg8 on an H200;
+       `wg` / `wg8` / `wg8pp` / `wg8a` the same on warpgroup MMAs (mma_prefill="wg", sm_90a; wg8pp:
+              the two warpgroups take turns; wg8a: O += P V runs on under the next tile's
+              decode); kernel="auto" picks wg8 on an H200;
        SDPA   torch scaled_dot_product_attention on bf16 q/K/V [1, heads, T | L, D] with the same
               causal chunk mask (lower-right aligned: causal_lower_right, enable_gqa), which is
               checked against an explicit boolean mask once at start-up.
@@ -60,7 +61,8 @@ PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          # the same on Hopper warpgroup MMAs (sm_90a): one or two warpgroups a block
          "wg": {"kernel": "mma", "mma_prefill": "wg"},
          "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
-         "wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True}}
+         "wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
+         "wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

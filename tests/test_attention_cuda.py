@@ -107,6 +107,7 @@ def _kernel_kw(kernel):
             "mma_wg": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 4},
             "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
             "mma_wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
+            "mma_wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -225,6 +226,7 @@ def test_prefill_chunk_causal(T, L):
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
     ("mma_wg", "bf16", "int8", 2, 64, 12, 150, 64),  # wgmma: 128-key tiles, a part tile, int8 V scales
+    ("mma_wg8a", "nvfp4", "bf16", 2, 64, 12, 150, 32),  # O += P V waited for at the next tile (no-op here)
     ("mma", "int8", "nvfp4", 4, 128, 1, 50, 16),  # int8 keys on s8 MMAs (k8)
     ("mma_k8off", "int8", "bf16", 2, 64, 1, 37, 8),  # int8 keys decoded to fp16
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
@@ -411,11 +413,13 @@ def test_prefill_chunk_tokens():
 
 
 def test_prefill_kernel_names():
-    """The CUDA backend's prefill_attention names: (mma_prefill, mma_warps, mma_pingpong); "auto"
+    """The CUDA backend's prefill_attention names: (mma_prefill, mma_warps, mma_pingpong,
+    mma_pv_async); "auto"
     is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU); an unknown name is an error."""
-    assert A.prefill_kernel("fa", 128) == ("fa", A.NWARPS, False)
-    assert A.prefill_kernel("wg8pp", 128) == ("wg", 8, True)
-    assert A.prefill_kernel("auto", 128) == A._prefill_auto(None, None, 128) + (False,)
+    assert A.prefill_kernel("fa", 128) == ("fa", A.NWARPS, False, False)
+    assert A.prefill_kernel("wg8pp", 128) == ("wg", 8, True, False)
+    assert A.prefill_kernel("wg8a", 128) == ("wg", 8, False, True)
+    assert A.prefill_kernel("auto", 128) == A._prefill_auto(None, None, 128) + (False, False)
     assert A.prefill_kernel("auto", 256)[0] == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)
@@ -536,7 +540,7 @@ def test_gpu_prefill_kernels(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp"])
+@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp", "mma_wg8a"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -546,7 +550,7 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp"])
+@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

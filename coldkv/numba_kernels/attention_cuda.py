@@ -632,18 +632,19 @@ def _prefill_auto(kf, vf, D: int = 128):
     return ("fa", NWARPS)
 
 
-# Prefill kernels by name: (mma_prefill, mma_warps, mma_pingpong) of paged_attention_cuda. "wg8pp":
-# the two warpgroups take turns on the tensor cores (named barriers; measured no faster end to end,
-# docs/kernels.md "Ping-pong").
-PREFILL_KERNELS = {"fa": ("fa", NWARPS, False), "wg": ("wg", 4, False), "wg8": ("wg", 8, False),
-                   "wg8pp": ("wg", 8, True)}
+# Prefill kernels by name: (mma_prefill, mma_warps, mma_pingpong, mma_pv_async) of
+# paged_attention_cuda. "wg8pp": the two warpgroups take turns on the tensor cores (named barriers;
+# measured no faster end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under
+# the next tile's decode and barrier (session 15; not yet timed on a GPU).
+PREFILL_KERNELS = {"fa": ("fa", NWARPS, False, False), "wg": ("wg", 4, False, False), "wg8": ("wg", 8, False, False),
+                   "wg8pp": ("wg", 8, True, False), "wg8a": ("wg", 8, False, True)}
 
 
-def prefill_kernel(name: str, D: int) -> tuple[str, int, bool]:
-    """(mma_prefill, mma_warps, mma_pingpong) for a prefill kernel name of PREFILL_KERNELS, or
-    "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
+def prefill_kernel(name: str, D: int) -> tuple[str, int, bool, bool]:
+    """(mma_prefill, mma_warps, mma_pingpong, mma_pv_async) for a prefill kernel name of
+    PREFILL_KERNELS, or "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
     if name == "auto":
-        return _prefill_auto(None, None, D) + (False,)
+        return _prefill_auto(None, None, D) + (False, False)
     if name not in PREFILL_KERNELS:
         raise ValueError(f"unknown prefill attention kernel {name!r}: auto, {', '.join(PREFILL_KERNELS)}")
     return PREFILL_KERNELS[name]
@@ -715,7 +716,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False):
+                         mma_pingpong=False, mma_pv_async=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -739,7 +740,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     True or a name also applies at T = 1. mma_tiles / max_registers / mma_u64 (uint64 indices, the
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_warps / mma_chb (keys per shared tile of "wg") /
-    mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores): tuning knobs of the benchmark
+    mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
+    ("wg": O += P V runs on under the next tile's decode): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -790,7 +792,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             pre = (k_fmt in (NVFP4, ISO3), v_fmt in (NVFP4, ISO3))
         kern = attention_prefill.get_prefill_kernel(
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
-            chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong)
+            chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong,
+            pv_async=mma_pv_async)
         threads = 32 * mma_warps
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if wg else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)

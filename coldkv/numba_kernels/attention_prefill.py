@@ -21,11 +21,18 @@ from coldkv.numba_kernels.mma_ptx import (
     SIMULATED, cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
-from coldkv.numba_kernels.wgmma_ptx import bar_arrive, bar_sync, fence_proxy_async, no_wgmma, wgmma
+from coldkv.numba_kernels.wgmma_ptx import bar_arrive, bar_sync, fence_proxy_async, no_wgmma, wgmma, wgmma_wait
+
+
+@cuda.jit(device=True, inline=True)
+def no_wgmma_wait(acc, a):
+    """What a build without an asynchronous O += P V calls in place of wgmma_wait (nothing)."""
+    return
 
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
-                      pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False):
+                      pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
+                      pv_async: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -50,7 +57,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     8][8 keys][16 bytes], `soff`), the layout wgmma reads without swizzle, and live in dynamic
     shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
     limit). pingpong (wg, 8 warps): the two warpgroups take turns on the tensor cores through named
-    barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
+    barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). pv_async (wg, not with pingpong):
+    O += P V is committed and not waited for until the next tile starts (before its loads overwrite
+    the V buffer the MMA reads), so it runs under the next tile's decode into shared memory and the
+    tile barrier. chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
     128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator case passed)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
@@ -87,10 +97,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     i64 = np.int64
     WG = wg
     PP = wg and pingpong and W == 8
+    PVA = wg and pv_async and not PP
     wg_s = wg_pv = no_wgmma
+    wg_pv_wait = no_wgmma_wait
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
-        wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128)
+        wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
+        if PVA:
+            wg_pv_wait = wgmma_wait(D, NVS)
 
     @cuda.jit(device=True, inline=True)
     def soff(key, c):
@@ -356,6 +370,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 ipg += 1
         tile_barrier()
         for ti in range(ntiles):
+            if PVA:  # the last tile's O += P V is done before anything reuses its buffer or acc
+                wg_pv_wait(acc, pa)
             buf = ti & 1
             k0 = kb + ti * CHB
             nxt = ti + 1 < ntiles
@@ -533,6 +549,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     ipg += 1
             tile_barrier()
 
+        if PVA:
+            wg_pv_wait(acc, pa)
         # ---- the warp's partials
         if active:
             vc = f32(1.0)
@@ -638,7 +656,8 @@ _PREFILL: dict = {}
 
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
-                       max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False):
+                       max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
+                       pv_async: bool = False):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -647,11 +666,14 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
         raise ValueError(f"attention_prefill: unknown prefill kernel {kind!r} (fa or wg)")
     pre = (bool(pre[0]), bool(pre[1]))
     pingpong = bool(pingpong) and kind == "wg"
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong)
+    pv_async = bool(pv_async) and kind == "wg" and not pingpong
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
+           pv_async)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
-        _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong)
+        _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
+                                          pv_async)
     return _PREFILL[key]
 
 
@@ -701,6 +723,8 @@ def _ptx_signatures():
              kernel_sig(NVFP4, NVFP4, True)),
             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), kernel_sig(BF16, BF16, True)),
             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True), kernel_sig(BF16, BF16, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, pv_async=True),
+             kernel_sig(NVFP4, NVFP4, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), kernel_sig(INT8, NVFP4))]
     for fmt in (NVFP4, ISO3):
         for devpos in (False, True):

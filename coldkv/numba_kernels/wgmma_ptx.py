@@ -32,9 +32,12 @@ def _desc_hi(lbo: int, sbo: int) -> int:
     return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
 
 
-def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
+def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int,
+           wait: bool = True):
     """Intrinsic f(acc, a, sarr, word) -> None: acc [n / 8, 4] f32 (+)= A @ B, A = a [nk, 4] uint32
-    fragments, B at shared sarr[word] (32-bit words), k16 step s at + s * step bytes."""
+    fragments, B at shared sarr[word] (32-bit words), k16 step s at + s * step bytes. wait=False:
+    committed, not waited for: acc and a must not be touched until `wgmma_wait` (ptxas 13.0 keeps
+    such a split unserialized: offline probe, session 15)."""
     dt = "bf16" if bf16 else "f16"
     na = n // 2  # accumulators per thread
     d = ", ".join(f"${i}" for i in range(na))
@@ -50,7 +53,7 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
         scale_d = 1 if accumulate or s else 0
         lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dt}.{dt} {{{d}}}, {{{a}}}, {src}, "
                      f"{scale_d}, 1, 1, {int(trans_b)};")
-    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else []) + ["}"]
     ptx = "\n".join(lines)
     cons = ",".join(["=f"] * na + ["r"] * (4 * nk) + ["l"] + ([str(i) for i in range(na)] if accumulate else []))
     hi = _desc_hi(lbo, sbo)
@@ -85,12 +88,41 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
 _WGMMA: dict = {}
 
 
-def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int):
+def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int, sbo: int, step: int,
+          wait: bool = True):
     """The (cached) intrinsic of `_wgmma`: m64 n{n} k16 x nk, A from registers, B by descriptor."""
-    key = (n, nk, bf16, trans_b, accumulate, lbo, sbo, step)
+    key = (n, nk, bf16, trans_b, accumulate, lbo, sbo, step, wait)
     if key not in _WGMMA:
         _WGMMA[key] = _wgmma(*key)
     return _WGMMA[key]
+
+
+def wgmma_wait(n: int, nk: int):
+    """Intrinsic f(acc, a) -> None: wait for this warpgroup's committed wgmmas (wait_group 0), with
+    acc [n / 8, 4] f32 and a [nk, 4] uint32 as the asm's operands, so that the compiler neither
+    moves nor reuses them while the MMA that reads a and writes acc runs."""
+    na = n // 2
+    if SIMULATED:
+        return lambda acc, a: None  # the emulated wgmma is done when it returns
+
+    def codegen(context, builder, sig, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        aw = context.make_array(sig.args[1])(context, builder, args[1]).data
+        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
+        ins += [builder.load(builder.gep(aw, [ir.Constant(i64, i)])) for i in range(4 * nk)]
+        cons = ",".join(["=f"] * na + [str(i) for i in range(na)] + ["r"] * (4 * nk))
+        rt = ir.LiteralStructType([f32] * na)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [f32] * na + [i32] * (4 * nk)),
+                                      "wgmma.wait_group.sync.aligned 0;", cons + ",~{memory}", side_effect=True), ins)
+        for i in range(na):
+            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    def wait(typingctx, acc, a):
+        return types.void(acc, a), codegen
+
+    return intrinsic(wait)
 
 
 @cuda.jit(device=True, inline=True)
