@@ -25,9 +25,9 @@ class CapturedGraph:
         """Runs `record()` (which enqueues work on `stream`) under stream capture. Relaxed mode:
         other threads' CUDA calls (e.g. allocations) are not errors while capturing. Numba's
         deferred frees are held back meanwhile: a garbage collection inside record() (a dropped
-        cache or backend) would otherwise flush them, and a cuMemFree invalidates the capture
-        (seen on the H200 at bea2e6d: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED after a test that
-        dropped a second backend)."""
+        cache or backend) could flush them, and a cuMemFree during the capture invalidates it.
+        That is our reading of a CUDA_ERROR_STREAM_CAPTURE_INVALIDATED on the H200 at bea2e6d, in
+        the test after one that failed holding a second backend; not reproduced on purpose."""
         self._stream = cu.CUstream(int(stream.handle))
         with cuda.defer_cleanup():
             _check(cu.cuStreamBeginCapture(self._stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
