@@ -599,6 +599,12 @@ def test_requant_cuda_rereads_units_past_registers(fmt, monkeypatch):
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
+def test_requant_cuda_bf16_two_units_a_thread():
+    """bf16 runs a block of 128 threads per page with one unit kept a thread; a 32 x 512 page (256
+    units) gives every thread a second unit, read at the end of its first iteration."""
+    _requant_check(Q.BF16, T=32, H=1, D=512, P=32, seed=6)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_requant_cuda_one_block_walks_all_pages(fmt, monkeypatch):
     """A grid smaller than the page list: each warp takes several pages in turn (its step table

@@ -581,6 +581,22 @@ def _make_requant(F):
     umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
     emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
 
+    @cuda.jit(device=True)
+    def unit(w, sw, s, gm, stp, row, g, g2, g2ok, o32, out_scales, ob, osb, u):
+        """Pass 2 of unit u (group max gm): its scale byte, then its codes (zeros if poisoned)."""
+        # the fast page's divisions (bf16, int8, large pages); tested here, not inside
+        # _rq_out_scale: there ptxas spilled 20 bytes in bf16's kernel (8 here)
+        if g2ok and gm <= F32_MAX:
+            sb, r = _rq_out_scale_fast(gm, g2)
+        else:
+            sb, r = _rq_out_scale(gm, g2)
+        _stf(out_scales, osb + u, sb)
+        if sb == E4M3_NAN:  # a poisoned group: zero codes
+            _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
+            _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
+        else:
+            emit(F, w, sw, s, stp, row, g, gm, r, o32, ob + 8 * u)
+
     # 16 warps per SM (bf16 and nvfp4 take 168 and 137 registers uncapped; no spills at 128)
     @cuda.jit(**({} if config.ENABLE_CUDASIM else {"max_registers": 128}))
     def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
@@ -692,32 +708,28 @@ def _make_requant(F):
                     nl = 0  # done: the general loop below runs no unit
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
-            # Units past the kept ones (large pages) are read again. (bf16's one kept unit outside
-            # the loop, to save the 32 register moves that merge it with the reloads, spilled 44
-            # bytes: two copies of the encoder.)
-            for k in range(nl):
-                u = t + T * k
-                if k < K:  # (K == 1 folds the selects away: bf16's w1..w3 are never live)
-                    k0 = K == 1 or k == 0
-                    w = w0 if k0 else (w1 if k == 1 else (w2 if k == 2 else w3))
-                    sw = sw0 if k0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
-                    s = s0 if k0 else (s1 if k == 1 else (s2 if k == 2 else s3))
-                    gm = gm0 if k0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
-                else:
-                    w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
-                    gm = umax(F, w, sw, s, stp, row, g)
-                # the fast page's divisions (bf16, int8, large pages); tested here, not inside
-                # _rq_out_scale: there ptxas spilled 20 bytes in bf16's kernel (8 here)
-                if g2ok and gm <= F32_MAX:
-                    sb, r = _rq_out_scale_fast(gm, g2)
-                else:
-                    sb, r = _rq_out_scale(gm, g2)
-                _stf(out_scales, osb + u, sb)
-                if sb == E4M3_NAN:  # a poisoned group: zero codes
-                    _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
-                    _stf4(o32, ob + 8 * u + 4, (0, 0, 0, 0))
-                else:
-                    emit(F, w, sw, s, stp, row, g, gm, r, o32, ob + 8 * u)
+            # Units past the kept ones (large pages) are read again.
+            if K == 1:  # bf16: the next unit is read at the end of the iteration, into the same
+                # registers (selecting the kept unit inside the loop cost 32 register moves a page)
+                w, sw, s, gm = w0, sw0, s0, gm0
+                for k in range(nl):
+                    u = t + T * k
+                    unit(w, sw, s, gm, stp, row, g, g2, g2ok, o32, out_scales, ob, osb, u)
+                    if k + 1 < nl:
+                        w, sw, s = load(c32, scales, wb, sb0, r0, u + T, nu, ld)
+                        gm = umax(F, w, sw, s, stp, row, g)
+            else:
+                for k in range(nl):
+                    u = t + T * k
+                    if k < K:
+                        w = w0 if k == 0 else (w1 if k == 1 else (w2 if k == 2 else w3))
+                        sw = sw0 if k == 0 else (sw1 if k == 1 else (sw2 if k == 2 else sw3))
+                        s = s0 if k == 0 else (s1 if k == 1 else (s2 if k == 2 else s3))
+                        gm = gm0 if k == 0 else (gm1 if k == 1 else (gm2 if k == 2 else gm3))
+                    else:
+                        w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
+                        gm = umax(F, w, sw, s, stp, row, g)
+                    unit(w, sw, s, gm, stp, row, g, g2, g2ok, o32, out_scales, ob, osb, u)
             j += cuda.gridDim.x * (1 if BLOCK else nwb)
 
     return requant
