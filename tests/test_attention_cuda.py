@@ -226,7 +226,6 @@ def test_prefill_chunk_causal(T, L):
     ("mma_fa", "bf16", "int8", 2, 128, 12, 75, 32),  # tile in a page
     ("mma_fa", "nvfp4", "iso3", 2, 64, 4, 140, 64),  # whole unmasked tiles of 4-bit keys (a split a page)
     ("mma_wg", "bf16", "int8", 2, 64, 12, 150, 64),  # wgmma: 128-key tiles, a part tile, int8 V scales
-    ("mma_wg8a", "nvfp4", "bf16", 2, 64, 12, 150, 32),  # O += P V waited for at the next tile (no-op here)
     ("mma", "int8", "nvfp4", 4, 128, 1, 50, 16),  # int8 keys on s8 MMAs (k8)
     ("mma_k8off", "int8", "bf16", 2, 64, 1, 37, 8),  # int8 keys decoded to fp16
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
@@ -236,6 +235,7 @@ def test_prefill_chunk_causal(T, L):
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
         ("mma_wg8pp", "bf16", "nvfp4", 4, 64, 20, 150, 16),  # taking turns (named barriers: no-ops here)
+        ("mma_wg8a", "nvfp4", "bf16", 2, 64, 12, 150, 32),  # O += P V waited for at the next tile (no-op here)
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_fa", "int8", "iso3", 8, 64, 3, 50, 16), ("mma_fa", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
 def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
