@@ -43,7 +43,7 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import clocks_under_load, git_commit  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import attention_mma as M  # noqa: E402
@@ -318,6 +318,8 @@ def main():
                     help="contexts at which the VARIANTS also run (first shape only)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_decode.json"))
+    ap.add_argument("--clocks", action="store_true", help="sample the SM clock and power (nvidia-smi) while "
+                    "each case and SDPA run back to back (~0.6 s a case)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--wait-pid", type=int, default=0, help="compile, then wait for this process before timing")
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 8/2/64")
@@ -371,16 +373,18 @@ def main():
                 vb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
                 sdpa = torch.nn.functional.scaled_dot_product_attention
                 t_sdpa, _ = event_time(torch, lambda: sdpa(qb, kb, vb, enable_gqa=True), flush, args.repeats)
+                clk_sdpa = (clocks_under_load(lambda: sdpa(qb, kb, vb, enable_gqa=True), 0.3, torch.cuda.synchronize)
+                            if args.clocks else None)
                 del qb, kb, vb
             except Exception as exc:
                 doc["errors"].append(f"sdpa {Hq}/{H}/{D} L={L}: {exc!r}")
-                t_sdpa = float("nan")
+                t_sdpa, clk_sdpa = float("nan"), None
             names = list(args.formats)
             if (Hq, H, D) == shapes[0] and L in args.variant_contexts:
                 names += DEFAULT_VARIANTS
             for name in names:
                 rec = {"format": name, "context": L, "q_heads": Hq, "kv_heads": H, "head_dim": D,
-                       "sdpa_bf16_us": t_sdpa}
+                       "sdpa_bf16_us": t_sdpa, **({"sdpa_clocks": clk_sdpa} if args.clocks else {})}
                 try:
                     c = Case(torch, name, L, Hq, H, D, seed=L + D)
                     c.run()
@@ -395,6 +399,8 @@ def main():
                     tol = 1e-4 * max(scale, 1.0) + extra
                     rec["valid"] = bool(torch.isfinite(got).all()) and bool(((got - ref).abs() <= tol).all())
                     t, cpu = event_time(torch, c.run, flush, args.repeats)
+                    if args.clocks:  # the SM clock the kernel ran at (nvfp4 decode is ALU-bound, SDPA is not)
+                        rec["clocks"] = clocks_under_load(c.run, 0.3, torch.cuda.synchronize)
                     try:  # CUDA-graph replay: the GPU time without Python launch cost
                         gs, replay, destroy = c.graph()
                         try:
