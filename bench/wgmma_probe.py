@@ -84,6 +84,23 @@ wgmma_64x64_nmajor = _wgmma(False, trans_b=1)
 wgmma_64x64_acc4 = _wgmma(True, repeat=4)  # 4 MMAs per commit/wait: closer to the issue rate
 
 
+def _codegen_ss(context, builder, sig, args):
+    ins = [context.cast(builder, v, t, types.uint64) for v, t in zip(args, sig.args)]
+    ptx = (f"wgmma.fence.sync.aligned;\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{_D}}}, "
+           f"${N_ACC}, ${N_ACC + 1}, 0, 1, 1, 0, 0;\nwgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;")
+    rt = ir.LiteralStructType([ir.FloatType()] * N_ACC)
+    r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [ir.IntType(64)] * 2), ptx,
+                                  ",".join(["=f"] * N_ACC + ["l", "l"]) + ",~{memory}", side_effect=True), ins)
+    return context.make_tuple(builder, types.UniTuple(_F32, N_ACC), [builder.extract_value(r, i) for i in range(N_ACC)])
+
+
+@intrinsic
+def wgmma_64x64_ss(typingctx, desc_a, desc_b):
+    """32 accumulators of one m64n64k16 bf16 wgmma with A too read from shared memory (the "SS"
+    form, A K-major: trans-a 0) through its own descriptor."""
+    return types.UniTuple(_F32, N_ACC)(types.uint64, types.uint64), _codegen_ss
+
+
 @intrinsic
 def smem_addr(typingctx, arr):
     """The 32-bit shared-window address of arr[0]."""
@@ -148,6 +165,34 @@ def probe_kernel(a, b_core, lbo, sbo, n_major, harness, out):
 
 
 @cuda.jit
+def probe_ss_kernel(a_core, b_core, lbo, sbo, out):
+    """out [64, 64] f32 = A @ B with A [64, 16] given as a_core (8x8 core matrices, K-major, read by
+    descriptor with byte offsets (lbo, sbo)) and B as b_core in the layout the register-A cases
+    validated (K-major, K-adjacent cores 128 bytes apart, N-adjacent 256): the SS form that Q in
+    shared memory would take in the prefill kernel (frees Q's 32 registers a thread)."""
+    sa = cuda.shared.array(1024, np.uint16, alignment=128)
+    sb = cuda.shared.array(1024, np.uint16, alignment=128)
+    t = cuda.threadIdx.x
+    for i in range(t, 1024, 128):
+        sa[i] = a_core[i]
+    _stage_b(sb, b_core, t)  # (its fence and barrier cover sa's stores too)
+    d = wgmma_64x64_ss(_desc(sa, lbo, sbo), _desc(sb, 128, 256))
+    warp, lane = t // 32, t % 32
+    g, q = lane >> 2, lane & 3
+    for j in range(8):
+        for e in range(4):
+            out[16 * warp + g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)] = d[4 * j + e]
+
+
+def a_layouts(a: np.ndarray) -> dict:
+    """A [64 (M), 16 (K)] bf16 bits as K-major 8x8 core matrices (a core row: 8 K of one M):
+    name -> (flat array, (byte offset between K-adjacent cores, between M-adjacent))."""
+    kmaj = a.reshape(8, 8, 2, 8)  # [m block][m][k block][k]
+    return {"a_kmajor_m_outer": (kmaj.transpose(0, 2, 1, 3), (128, 256)),  # [mb][kb][8 m][8 k]
+            "a_kmajor_k_outer": (kmaj.transpose(2, 0, 1, 3), (1024, 128))}  # [kb][mb][8 m][8 k]
+
+
+@cuda.jit
 def loop_kernel(a, b_core, lbo, sbo, iters, out):
     """4 iters accumulating wgmmas per warpgroup (the same operands, 4 per commit/wait):
     throughput, not a result."""
@@ -194,6 +239,8 @@ def main() -> None:
         dispatcher.get_current_device = lambda: _Sm90()  # device functions ask for it
         sig = "void(uint16[:,::1], uint16[::1], int64, int64, boolean, boolean, float32[:,::1])"
         ptx = [cuda.compile_ptx(probe_kernel.py_func, sig, cc=(9, 0))[0],
+               cuda.compile_ptx(probe_ss_kernel.py_func, "void(uint16[::1], uint16[::1], int64, int64, float32[:,::1])",
+                                cc=(9, 0))[0],
                cuda.compile_ptx(loop_kernel.py_func,
                                 "void(uint16[:,::1], uint16[::1], int64, int64, int64, float32[::1])", cc=(9, 0))[0]]
         a.ptx.write_text("\n".join(p.replace(".target sm_90", ".target sm_90a") for p in ptx))
@@ -208,6 +255,7 @@ def main() -> None:
 
     cases = ["harness"] + [f"{name}/{order}" for name in b_layouts(np.zeros((16, 64), np.uint16))
                            for order in ("kn", "nk")]
+    cases += [f"ss:{name}/{order}" for name in a_layouts(np.zeros((64, 16), np.uint16)) for order in ("kn", "nk")]
     checks = {}
     for case in cases:
         try:
@@ -219,7 +267,7 @@ def main() -> None:
             checks[case] = {"ok": False, "error": "timeout 90 s"}
         print(case, checks[case], flush=True)
     res = {"command": "python " + " ".join(sys.argv), "commit": git_commit(a.commit), "checks": checks}
-    good = [c for c in cases if c != "harness" and checks[c].get("ok") and not b_layouts(
+    good = [c for c in cases if c != "harness" and not c.startswith("ss:") and checks[c].get("ok") and not b_layouts(
         np.zeros((16, 64), np.uint16))[c.split("/")[0]][1]]
     if good:
         r = subprocess.run([sys.executable, __file__, "--case", "loop:" + good[0], "--iters", str(a.iters)],
@@ -243,6 +291,19 @@ def run_case(case: str, iters: int) -> None:
     B = rng.standard_normal((16, 64)).astype(ml_dtypes.bfloat16)
     want = A.astype(np.float64) @ B.astype(np.float64)
     a_dev = cuda.to_device(A.view(np.uint16))
+    if case.startswith("ss:"):  # A from shared memory: its K-adjacent / M-adjacent offsets as (LBO, SBO) or swapped
+        name, order = case[3:].split("/")
+        core, (k_off, m_off) = a_layouts(A.view(np.uint16))[name]
+        lbo, sbo = (k_off, m_off) if order == "kn" else (m_off, k_off)
+        b_core = b_layouts(B.view(np.uint16))["kmajor_n_outer"][0]
+        out = cuda.to_device(np.full((64, 64), np.nan, np.float32))
+        probe_ss_kernel[1, 128](cuda.to_device(np.ascontiguousarray(core).reshape(-1)),
+                                cuda.to_device(np.ascontiguousarray(b_core).reshape(-1)), lbo, sbo, out)
+        got = out.copy_to_host()
+        ok = bool(np.isfinite(got).all() and np.abs(got - want).max() <= 1e-4 * np.abs(want).max())
+        err = float(np.nanmax(np.abs(got - want))) if np.isfinite(got).any() else float("nan")
+        print(json.dumps({"case": case, "ok": ok, "max_abs_err": err, "lbo": lbo, "sbo": sbo}))
+        return
     loop = case.startswith("loop:")
     name, order = (case[5:] if loop else case).split("/") if case != "harness" else ("kmajor_n_outer", "kn")
     core, n_major, (k_off, n_off) = b_layouts(B.view(np.uint16))[name]
