@@ -58,7 +58,7 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
     """Runs fn() back to back for `seconds` while nvidia-smi samples the GPU every 20 ms, and
     returns parse_smi's summary of the samples taken meanwhile: the SM clock a kernel actually ran
     at. A compute-bound kernel's ratio to a copy kernel moves with it (the requant kernels read
-    0.53-0.81x of copy on three H200s in session 15 while the copy did not move). None where
+    0.56-0.81x of copy on three H200s in session 15 while the copy did not move). None where
     nvidia-smi is missing or sampled nothing."""
     import time
     from datetime import datetime
