@@ -59,7 +59,8 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
     returns parse_smi's summary of the samples taken meanwhile: the SM clock a kernel actually ran
     at. A compute-bound kernel's ratio to a copy kernel moves with it (the requant kernels read
     0.56-0.81x of copy on three H200s in session 15 while the copy did not move). None where
-    nvidia-smi is missing or sampled nothing."""
+    nvidia-smi is missing or sampled nothing; {"error": ...} if sampling failed (a timing is worth
+    more than its clock: callers keep theirs either way)."""
     import time
     from datetime import datetime
 
@@ -78,7 +79,9 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
             if sync:
                 sync()
         end = datetime.now()
-    finally:
         smi.terminate()
         out, _ = smi.communicate(timeout=10)
+    except Exception as exc:
+        smi.kill()
+        return {"error": f"{type(exc).__name__}: {exc}"}
     return parse_smi(out.splitlines(), start, end)

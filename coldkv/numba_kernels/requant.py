@@ -136,7 +136,7 @@ def _rq_encode(lo, hi, w, d, r):
 # units): (words, scale word, int8 row scale). bf16 32 words, int8 16 words + the fp32 scale of
 # its row, 4-bit 8 words + its scale byte(s) (c4g64 one, nvfp4/iso3 the 4 of its quarters as one
 # word). Issued together: a thread has its whole unit in flight at once. One function per source
-# width (numba types each function's return once).
+# width (numba types each function's return once); the two 4-bit ones from one factory.
 @cuda.jit(device=True)
 def _rq_load_bf16(c32, scales, wb, sb0, r0, u, nu, ld):
     z = np.uint32(0)
@@ -158,22 +158,21 @@ def _rq_load_int8(c32, scales, wb, sb0, r0, u, nu, ld):
             np.float32(_ldf(scales, r0 + ((64 * u) >> ld))))
 
 
-@cuda.jit(device=True)
-def _rq_load_g16(c32, scales, wb, sb0, r0, u, nu, ld):
-    z = np.uint32(0)
-    if u >= nu:
-        return (z, z, z, z, z, z, z, z), z, np.float32(0.0)
-    b = wb + 8 * u
-    return _ldf4(c32, b) + _ldf4(c32, b + 4), _ldw(scales, sb0 + 4 * u), np.float32(0.0)
+def _make_rq_load_4bit(g64: bool):
+    """The 4-bit sources' loader: 8 code words and the unit's scale bytes (c4g64 its one byte,
+    nvfp4/iso3 the 4 of its quarters as one word)."""
+    @cuda.jit(device=True)
+    def load(c32, scales, wb, sb0, r0, u, nu, ld):
+        z = np.uint32(0)
+        if u >= nu:
+            return (z, z, z, z, z, z, z, z), z, np.float32(0.0)
+        b = wb + 8 * u
+        sw = np.uint32(_ldf(scales, sb0 + u)) if g64 else _ldw(scales, sb0 + 4 * u)
+        return _ldf4(c32, b) + _ldf4(c32, b + 4), sw, np.float32(0.0)
+    return load
 
 
-@cuda.jit(device=True)
-def _rq_load_g64(c32, scales, wb, sb0, r0, u, nu, ld):
-    z = np.uint32(0)
-    if u >= nu:
-        return (z, z, z, z, z, z, z, z), z, np.float32(0.0)
-    b = wb + 8 * u
-    return _ldf4(c32, b) + _ldf4(c32, b + 4), np.uint32(_ldf(scales, sb0 + u)), np.float32(0.0)
+_rq_load_g16, _rq_load_g64 = _make_rq_load_4bit(False), _make_rq_load_4bit(True)
 
 
 _RQ_LOAD = {BF16: _rq_load_bf16, INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3: _rq_load_g16,

@@ -26,8 +26,7 @@ from numba import cuda
 
 from coldkv.errors import PlanError
 from coldkv.numba_kernels import layers as L
-from coldkv.numba_kernels import attention_cuda
-from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda
+from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda, prefill_kernel
 from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
 from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.config import ModelArgs
@@ -121,7 +120,7 @@ class CUDABackend:
                             f"this model has {a.head_dim}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
         # (mma_prefill, mma_warps, mma_pingpong, mma_pv_async) of chunks of more than one token
-        self.prefill_attention = attention_cuda.prefill_kernel(prefill_attention, a.head_dim)
+        self.prefill_attention = prefill_kernel(prefill_attention, a.head_dim)
         if prefill_chunk is not None and (prefill_chunk <= 0 or prefill_chunk % PAD_QUANTUM):
             raise ValueError(f"prefill_chunk must be a positive multiple of {PAD_QUANTUM}, got {prefill_chunk}")
         self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count())
