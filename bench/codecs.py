@@ -3,11 +3,13 @@
     python bench/codecs.py                      # H200: append / dequant / requant, >= 1 GiB each
     python bench/codecs.py --ops requant --formats int8,nvfp4 --variants vold=variants.quant_X
                                                 # a subset (cheaper device time)
+    python bench/codecs.py --ops requant --variants v0=coldkv.numba_kernels.quant+variants.requant_X --rounds 5
+                                                # an A/B: the modules take turns in each of 5 rounds
     python bench/codecs.py --small              # smoke run (also under NUMBA_ENABLE_CUDASIM=1)
     python bench/codecs.py --nmse               # CPU: NMSE table for docs/formats.md
 
 GPU mode writes bench/results/codecs.json (or --out): command, shapes, device, versions, commit,
-and per (op, format): median ms over --repeats (CUDA events), bytes moved, GB/s and the ratio to
+and per (op, format): median ms over --rounds x --repeats (CUDA events; each round's median too), bytes moved, GB/s and the ratio to
 the fastest Numba copy kernel measured in the same run (16-byte vectors, grid-stride: the goal's
 baseline) and to torch's d2d copy when torch is present. The old one-float-per-thread copy is
 measured too (`copy.numba_copy_f32`) for comparison with earlier results.
@@ -269,11 +271,11 @@ def run_gpu(args, save):
     # compile and validate everything first, then (after --wait-pid: a GPU test run sharing the
     # device) time
     ok = []
-    for kname, Q in modules:
+    for kname, M in modules:
         try:
             for f in args.formats:
-                validate(Q, f)
-            ok.append((kname, Q))
+                validate(M, f)
+            ok.append((kname, M))
         except Exception as exc:  # a variant that fails is reported, not timed; the rest still runs
             if kname == "current":
                 raise
@@ -291,74 +293,97 @@ def run_gpu(args, save):
                                     for k, v in results["copy"].items() if k != "copy"),
           flush=True)
 
-    for kname, Q in modules:
-        for f in args.formats:
-            fid = Q.FORMAT_IDS[f]
-            # append: the whole x into a shuffled pool
-            table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
-            d_table = cuda.to_device(table)
-            c0, s0 = Q.pool_arrays(f, 1, P, D)
-            codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
-            scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
-            ms, raw = timed(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g),
-                            args.repeats if "append" in args.ops else 1)
-            moved = T * H * D * 4 + pool_bytes(f, H * n_lp)
-            # spot-check the big output against the reference
+    def interleaved(op, f, fns, moved, check, **extra):
+        """Time each module's launch of one (op, format) in args.rounds rounds, the modules in turn
+        within each round (same inputs and outputs, so a drift of the GPU's clock or temperature
+        hits every module alike); record each with its median over all rounds and its per-round
+        medians, after checking its output against the reference."""
+        per = {k: [] for k in fns}
+        for _ in range(args.rounds):
+            for k, fn in fns.items():
+                per[k].append(timed(fn, args.repeats)[1])
+        for k, fn in fns.items():
+            fn()
+            cuda.synchronize()
+            check(k)
+            raw = [t for r in per[k] for t in r]
+            record(kernels=k, op=op, fmt=f, ms=float(np.median(raw)), bytes=moved, times_ms=raw,
+                   round_ms=[float(np.median(r)) for r in per[k]], clocks=clocks(fn), **extra)
+
+    for f in args.formats:
+        fid = Q.FORMAT_IDS[f]
+        n_rec = len(results["ops"])  # this format's rows start here (printed below)
+        # append: the whole x into a shuffled pool (every module writes the same bits: validated)
+        table = rng.permutation(H * n_lp).astype(np.int32).reshape(H, n_lp)
+        d_table = cuda.to_device(table)
+        c0, s0 = Q.pool_arrays(f, 1, P, D)
+        codes = cuda.device_array((H * n_lp,) + c0.shape[1:], c0.dtype)
+        scales = cuda.device_array((H * n_lp,) + s0.shape[1:], s0.dtype)
+        appends = {k: (lambda M=M: M.launch_append(fid, x, 0, d_table, codes, scales, d_g)) for k, M in modules}
+
+        def check_append(k):
             for h, lp in ((0, 0), (H - 1, n_lp - 1), (H // 2, n_lp // 2)):
                 rows = xb[(lp * P + np.arange(P)) % block_rows, h]  # x is xb tiled
                 rc, rs = Q.ref_quantize(rows, fid, g[h])
-                assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (f, "append")
+                assert np.array_equal(codes[table[h, lp]].copy_to_host(), rc), (k, f, "append")
                 if rs.size:  # bf16 has zero scale columns (a 0-size device array copies back oddly)
-                    assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (f, "append")
-            n_rec = len(results["ops"])  # this format's rows start here (printed below)
-            if "append" in args.ops:
-                record(kernels=kname, op="append", fmt=f, shape=[T, H, D], ms=ms, bytes=moved, times_ms=raw,
-                       clocks=clocks(lambda: Q.launch_append(fid, x, 0, d_table, codes, scales, d_g)))
+                    assert np.array_equal(scales[table[h, lp]].copy_to_host(), rs), (k, f, "append")
 
-            # dequantize every page of the pool into fp32 [n, P, D]
-            npages = H * n_lp
-            pages = rng.permutation(npages).astype(np.int32)
-            gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
-            d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
-            if "dequant" in args.ops:
-                out = cuda.device_array((npages, P, D), np.float32)
-                ms, raw = timed(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out), args.repeats)
-                moved = pool_bytes(f, npages) + npages * P * D * 4
+        if "append" in args.ops:
+            interleaved("append", f, appends, T * H * D * 4 + pool_bytes(f, H * n_lp), check_append, shape=[T, H, D])
+        else:  # the pool is still filled once
+            appends["current"]()
+            check_append("current")
+
+        # dequantize every page of the pool into fp32 [n, P, D]
+        npages = H * n_lp
+        pages = rng.permutation(npages).astype(np.int32)
+        gs = g[(np.argsort(table.reshape(-1)) // n_lp)[pages]].astype(np.float32)  # page -> head
+        d_pages, d_gs = cuda.to_device(pages), cuda.to_device(gs)
+        if "dequant" in args.ops:
+            out = cuda.device_array((npages, P, D), np.float32)
+
+            def check_dequant(k):
                 for j in (0, npages - 1, npages // 3):
                     ref = Q.ref_dequantize(codes[pages[j]].copy_to_host(), scales[pages[j]].copy_to_host(), fid, gs[j], D)
-                    assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (f, "dequant")
-                record(kernels=kname, op="dequant", fmt=f, shape=[npages, P, D], ms=ms, bytes=moved, times_ms=raw,
-                       clocks=clocks(lambda: Q.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out)))
-                del out
+                    assert np.array_equal(out[j].copy_to_host().view(np.uint32), ref.view(np.uint32)), (k, f, "dequant")
 
-            if "requant" in args.ops:
-                # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
-                per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
-                nreq = max(1, math.ceil(ws / per_page))
-                rpages = np.resize(pages, nreq).astype(np.int32)
-                rgs = np.resize(gs, nreq).astype(np.float32)
-                d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
-                oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
-                oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
-                os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
-                og = cuda.device_array(nreq, np.float32)
-                ms, raw = timed(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og), args.repeats)
-                moved = nreq * per_page
+            interleaved("dequant", f, {k: (lambda M=M: M.launch_dequant_pages(fid, codes, scales, d_pages, d_gs, out))
+                                       for k, M in modules},
+                        pool_bytes(f, npages) + npages * P * D * 4, check_dequant, shape=[npages, P, D])
+            del out
+
+        if "requant" in args.ops:
+            # requantize to c4g64: as many pages as make >= the working set (pages reused if needed)
+            per_page = pool_bytes(f, 1) + pool_bytes("c4g64", 1) + 4
+            nreq = max(1, math.ceil(ws / per_page))
+            rpages = np.resize(pages, nreq).astype(np.int32)
+            rgs = np.resize(gs, nreq).astype(np.float32)
+            d_rp, d_rg = cuda.to_device(rpages), cuda.to_device(rgs)
+            oc0, os0 = Q.pool_arrays("c4g64", 1, P, D)
+            oc = cuda.device_array((nreq,) + oc0.shape[1:], np.uint8)
+            os_ = cuda.device_array((nreq,) + os0.shape[1:], np.uint8)
+            og = cuda.device_array(nreq, np.float32)
+
+            def check_requant(k):
                 for j in (0, nreq - 1, nreq // 2):
                     rc, rs, rg = Q.ref_requantize(codes[rpages[j]].copy_to_host(), scales[rpages[j]].copy_to_host(),
                                                   fid, rgs[j], D)
-                    assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs)
-                    assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (f, "requant")
-                record(kernels=kname, op="requant_c4g64", fmt=f, shape=[nreq, P, D], ms=ms, bytes=moved, times_ms=raw,
-                       source_pages_reused=nreq > npages,
-                       clocks=clocks(lambda: Q.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og)))
-                del oc, os_, og
-            del codes, scales
-            for r in results["ops"][n_rec:]:
-                clk = f"  SM {r['clocks']['sm_mhz_median']:.0f} MHz" if (r.get("clocks") or {}).get("sm_mhz_median") else ""
-                print(f"{kname:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  {r['ratio_to_copy']:.2f}x copy"
-                      f"{clk}", flush=True)
-            save(results)
+                    assert np.array_equal(oc[j].copy_to_host(), rc) and np.array_equal(os_[j].copy_to_host(), rs), (k, f)
+                    assert np.float32(og[j:j + 1].copy_to_host()[0]) == np.float32(rg), (k, f, "requant")
+
+            interleaved("requant_c4g64", f,
+                        {k: (lambda M=M: M.launch_requant_c4g64(fid, codes, scales, d_rp, d_rg, oc, os_, og))
+                         for k, M in modules},
+                        nreq * per_page, check_requant, shape=[nreq, P, D], source_pages_reused=nreq > npages)
+            del oc, os_, og
+        del codes, scales
+        for r in results["ops"][n_rec:]:
+            clk = f"  SM {r['clocks']['sm_mhz_median']:.0f} MHz" if (r.get("clocks") or {}).get("sm_mhz_median") else ""
+            rounds = " rounds " + " ".join(f"{t:.3f}" for t in r["round_ms"]) if len(r["round_ms"]) > 1 else ""
+            print(f"{r['kernels']:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  "
+                  f"{r['ratio_to_copy']:.2f}x copy{clk}{rounds}", flush=True)
+        save(results)
     return results
 
 
@@ -370,7 +395,9 @@ def main():
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--page-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=20, help="timed launches per round (median)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of --repeats; with --variants the "
+                    "modules take turns within each round (an A/B that the GPU's drift hits alike)")
     ap.add_argument("--commit", default="", help="git commit to record (when .git is absent)")
     ap.add_argument("--out", default="")
     ap.add_argument("--wait-pid", type=int, default=0, help="time only after this process exits")
@@ -431,7 +458,7 @@ def main():
         except ImportError:
             pass
     meta["shapes"] = {"heads": args.heads, "head_dim": args.head_dim, "page_tokens": args.page_tokens,
-                      "working_set_GiB": args.gib, "repeats": args.repeats}
+                      "working_set_GiB": args.gib, "repeats": args.repeats, "rounds": args.rounds}
     out = Path(args.out or ROOT / "bench/results/codecs.json")
     run_gpu(args, lambda res: save(out, {**meta, **res}))
 

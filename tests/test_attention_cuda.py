@@ -414,12 +414,12 @@ def test_prefill_chunk_tokens():
 
 def test_prefill_kernel_names():
     """The CUDA backend's prefill_attention names: (mma_prefill, mma_warps, mma_pingpong,
-    mma_pv_async); "auto"
-    is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU); an unknown name is an error."""
+    mma_pv_async); "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a on
+    the H200); an unknown name is an error."""
     assert A.prefill_kernel("fa", 128) == ("fa", A.NWARPS, False, False)
     assert A.prefill_kernel("wg8pp", 128) == ("wg", 8, True, False)
     assert A.prefill_kernel("wg8a", 128) == ("wg", 8, False, True)
-    assert A.prefill_kernel("auto", 128) == A._prefill_auto(None, None, 128) + (False, False)
+    assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     assert A.prefill_kernel("auto", 256)[0] == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)

@@ -619,32 +619,31 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0,
               (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
-def _prefill_auto(kf, vf, D: int = 128):
-    """(prefill kernel, warps per block) that kernel="auto" runs for T > 1 (paged_attention_cuda's
-    mma_prefill / mma_warps). On an sm_90 GPU at head_dim <= 128: "wg" with two warpgroups a block
-    (the fa kernel on wgmma). H200, 2379591, T 2048 at 32768 keys (bench/results/attention_prefill_wg.json),
-    us fa / wg / wg8: bf16 32/8/128 4809 / 6841 / 4256, 4/2/128 723 / 1003 / 681; nvfp4 (decoded in
-    the kernel) 32/8/128 5834 / 3943 / 3688, 4/2/128 855 / 583 / 660. Elsewhere "fa": at 6390c47 it
-    beat the since removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1,
-    smem8 75.5)."""
-    if D <= 128 and _has_wgmma():
-        return ("wg", 8)
-    return ("fa", NWARPS)
-
-
 # Prefill kernels by name: (mma_prefill, mma_warps, mma_pingpong, mma_pv_async) of
 # paged_attention_cuda. "wg8pp": the two warpgroups take turns on the tensor cores (named barriers;
 # measured no faster end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under
-# the next tile's decode and barrier (session 15; not yet timed on a GPU).
+# the next tile's decode and barrier (session 15), auto's choice on sm_90 since session 16.
 PREFILL_KERNELS = {"fa": ("fa", NWARPS, False, False), "wg": ("wg", 4, False, False), "wg8": ("wg", 8, False, False),
                    "wg8pp": ("wg", 8, True, False), "wg8a": ("wg", 8, False, True)}
+
+
+def _prefill_auto(D: int = 128) -> str:
+    """The PREFILL_KERNELS name that "auto" runs for T > 1. On an sm_90 GPU at head_dim <= 128:
+    "wg8a" (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, df0cfd2,
+    T 2048 at 32768 keys (bench/results/logs/prefill_wg8a_df0cfd2.json), us wg8 / wg8a: bf16
+    4/2/128 671 / 657, 32/8/128 4052 / 3947; nvfp4 609 / 591, 3586 / 3566; end to end at 32k
+    (generate_wg8a_df0cfd2.json) 0.624x / 0.640x HF (bf16 KV), 0.642x / 0.678x (nvfp4). wg8 against
+    fa (2379591): bf16 32/8/128 4256 / 4809, nvfp4 3688 / 5834. Elsewhere "fa": at 6390c47 it beat
+    the since removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1,
+    smem8 75.5)."""
+    return "wg8a" if D <= 128 and _has_wgmma() else "fa"
 
 
 def prefill_kernel(name: str, D: int) -> tuple[str, int, bool, bool]:
     """(mma_prefill, mma_warps, mma_pingpong, mma_pv_async) for a prefill kernel name of
     PREFILL_KERNELS, or "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
     if name == "auto":
-        return _prefill_auto(None, None, D) + (False, False)
+        name = _prefill_auto(D)
     if name not in PREFILL_KERNELS:
         raise ValueError(f"unknown prefill attention kernel {name!r}: auto, {', '.join(PREFILL_KERNELS)}")
     return PREFILL_KERNELS[name]
@@ -716,7 +715,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False, mma_pv_async=False):
+                         mma_pingpong=False, mma_pv_async=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -741,7 +740,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_warps / mma_chb (keys per shared tile of "wg") /
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
-    ("wg": O += P V runs on under the next tile's decode): tuning knobs of the benchmark
+    ("wg": O += P V runs on under the next tile's decode; None: auto's choice when the kernel and
+    warps are auto's, else off): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -773,10 +773,12 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    auto_prefill, auto_warps = _prefill_auto(k_fmt, v_fmt, D)
+    auto_prefill, auto_warps, _, auto_pva = prefill_kernel("auto", D)
     prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
     if mma_warps is None:
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
+    if mma_pv_async is None:  # auto's, for auto's kernel and warps
+        mma_pv_async = auto_pva and prefill == auto_prefill and mma_warps == auto_warps and not mma_pingpong
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
