@@ -62,7 +62,8 @@ PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          "wg": {"kernel": "mma", "mma_prefill": "wg"},
          "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
          "wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
-         "wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True}}
+         "wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
+         "wg8s": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_s_ahead": True}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

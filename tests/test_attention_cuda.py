@@ -108,6 +108,7 @@ def _kernel_kw(kernel):
             "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
             "mma_wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
             "mma_wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
+            "mma_wg8s": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_s_ahead": True},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -236,6 +237,9 @@ def test_prefill_chunk_causal(T, L):
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
         ("mma_wg8pp", "bf16", "nvfp4", 4, 64, 20, 150, 16),  # taking turns (named barriers: no-ops here)
         ("mma_wg8a", "nvfp4", "bf16", 2, 64, 12, 150, 32),  # O += P V waited for at the next tile (no-op here)
+        # S a tile ahead, Q from shared memory (SS form), 3 buffers: 6 tiles from part pages, int8 keys
+        ("mma_wg8s", "int8", "nvfp4", 2, 128, 12, 330, 32),
+        ("mma_wg8s", "bf16", "int8", 4, 128, 8, 300, 64),  # tiles a page each (fast path), int8 V scales
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_fa", "int8", "iso3", 8, 64, 3, 50, 16), ("mma_fa", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
 def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
@@ -413,14 +417,14 @@ def test_prefill_chunk_tokens():
 
 
 def test_prefill_kernel_names():
-    """The CUDA backend's prefill_attention names: (mma_prefill, mma_warps, mma_pingpong,
-    mma_pv_async); "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a on
+    """The CUDA backend's prefill_attention names: paged_attention_cuda's keywords; "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a on
     the H200); an unknown name is an error."""
-    assert A.prefill_kernel("fa", 128) == ("fa", A.NWARPS, False, False)
-    assert A.prefill_kernel("wg8pp", 128) == ("wg", 8, True, False)
-    assert A.prefill_kernel("wg8a", 128) == ("wg", 8, False, True)
+    assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS}
+    assert A.prefill_kernel("wg8pp", 128) == {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True}
+    assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True}
+    assert A.prefill_kernel("wg8s", 128)["mma_s_ahead"] is True
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
-    assert A.prefill_kernel("auto", 256)[0] == "fa"
+    assert A.prefill_kernel("auto", 256)["mma_prefill"] == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)
 
@@ -540,7 +544,7 @@ def test_gpu_prefill_kernels(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp", "mma_wg8a"])
+@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -550,7 +554,7 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a"])
+@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

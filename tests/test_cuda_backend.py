@@ -243,7 +243,7 @@ def test_prefill_kernel_choice_and_scratch(bundled):
     d, tok, cpu, gpu, ref = bundled
     fa = _cuda(d, prefill_attention="fa")
     prompt = np.array(ref["seq"][:ref["n"]])
-    wg = attention_cuda.prefill_kernel("auto", cpu.args.head_dim)[0] == "wg"
+    wg = attention_cuda.prefill_kernel("auto", cpu.args.head_dim)["mma_prefill"] == "wg"
     for name in ("nvfp4", "bf16"):
         table = resolve_table(name, cpu.args.num_hidden_layers)
         ca, cb = gpu.new_cache(table, len(prompt)), fa.new_cache(table, len(prompt))

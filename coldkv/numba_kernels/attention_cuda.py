@@ -619,12 +619,19 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0,
               (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
 
 
-# Prefill kernels by name: (mma_prefill, mma_warps, mma_pingpong, mma_pv_async) of
-# paged_attention_cuda. "wg8pp": the two warpgroups take turns on the tensor cores (named barriers;
-# measured no faster end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under
-# the next tile's decode and barrier (session 15), auto's choice on sm_90 since session 16.
-PREFILL_KERNELS = {"fa": ("fa", NWARPS, False, False), "wg": ("wg", 4, False, False), "wg8": ("wg", 8, False, False),
-                   "wg8pp": ("wg", 8, True, False), "wg8a": ("wg", 8, False, True)}
+# Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
+# "wg8pp": the two warpgroups take turns on the tensor cores (named barriers; measured no faster
+# end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
+# decode and barrier (session 15), auto's choice on sm_90 since session 16. "wg8s": wg8a with Q in
+# shared memory and S of the next tile issued before this tile's softmax (session 16).
+PREFILL_KERNELS = {
+    "fa": {"mma_prefill": "fa", "mma_warps": NWARPS},
+    "wg": {"mma_prefill": "wg", "mma_warps": 4},
+    "wg8": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": False},
+    "wg8pp": {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
+    "wg8a": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
+    "wg8s": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True, "mma_s_ahead": True},
+}
 
 
 def _prefill_auto(D: int = 128) -> str:
@@ -639,14 +646,14 @@ def _prefill_auto(D: int = 128) -> str:
     return "wg8a" if D <= 128 and _has_wgmma() else "fa"
 
 
-def prefill_kernel(name: str, D: int) -> tuple[str, int, bool, bool]:
-    """(mma_prefill, mma_warps, mma_pingpong, mma_pv_async) for a prefill kernel name of
+def prefill_kernel(name: str, D: int) -> dict:
+    """paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for a prefill kernel name of
     PREFILL_KERNELS, or "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
     if name == "auto":
         name = _prefill_auto(D)
     if name not in PREFILL_KERNELS:
         raise ValueError(f"unknown prefill attention kernel {name!r}: auto, {', '.join(PREFILL_KERNELS)}")
-    return PREFILL_KERNELS[name]
+    return dict(PREFILL_KERNELS[name])
 
 
 @functools.cache
@@ -715,7 +722,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False, mma_pv_async=None):
+                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -741,7 +748,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_warps / mma_chb (keys per shared tile of "wg") /
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
     ("wg": O += P V runs on under the next tile's decode; None: auto's choice when the kernel and
-    warps are auto's, else off): tuning knobs of the benchmark
+    warps are auto's, else off) / mma_s_ahead ("wg": Q in shared memory, S of the next tile issued
+    before this tile's softmax): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -773,7 +781,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    auto_prefill, auto_warps, _, auto_pva = prefill_kernel("auto", D)
+    auto = prefill_kernel("auto", D)
+    auto_prefill, auto_warps, auto_pva = auto["mma_prefill"], auto["mma_warps"], auto.get("mma_pv_async", False)
     prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
     if mma_warps is None:
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
@@ -795,9 +804,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         kern = attention_prefill.get_prefill_kernel(
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
             chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong,
-            pv_async=mma_pv_async)
+            pv_async=mma_pv_async, s_ahead=mma_s_ahead)
         threads = 32 * mma_warps
-        dyn = attention_prefill.wg_smem_bytes(D, mma_chb) if wg else 0
+        dyn = attention_prefill.wg_smem_bytes(D, mma_chb, mma_s_ahead and not mma_pingpong, mma_warps) if wg else 0
         sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)
         if dyn:
             attention_prefill.wg_prepare(kern, sig, dyn)

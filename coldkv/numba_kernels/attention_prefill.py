@@ -21,7 +21,8 @@ from coldkv.numba_kernels.mma_ptx import (
     SIMULATED, cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
-from coldkv.numba_kernels.wgmma_ptx import bar_arrive, bar_sync, fence_proxy_async, no_wgmma, wgmma, wgmma_wait
+from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, wgmma,
+                                             wgmma_ss, wgmma_wait, wgmma_wait_acc)
 
 
 @cuda.jit(device=True, inline=True)
@@ -30,9 +31,21 @@ def no_wgmma_wait(acc, a):
     return
 
 
+@cuda.jit(device=True, inline=True)
+def no_reg_fence(acc):
+    """What a build without S ahead calls in place of reg_fence (nothing)."""
+    return
+
+
+@cuda.jit(device=True, inline=True)
+def no_wgmma_wait3(acc, a, sacc):
+    """What a build without S ahead calls in place of its wgmma_wait (nothing)."""
+    return
+
+
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False):
+                      pv_async: bool = False, s_ahead: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -60,7 +73,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). pv_async (wg, not with pingpong):
     O += P V is committed and not waited for until the next tile starts (before its loads overwrite
     the V buffer the MMA reads), so it runs under the next tile's decode into shared memory and the
-    tile barrier. chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
+    tile barrier. s_ahead (wg, not with pingpong; implies pv_async): Q lives in shared memory
+    (the SS-form wgmma reads it by descriptor, which frees its 32 registers a thread), tiles are
+    triple-buffered and brought in two tiles ahead, and S of tile i + 1 is issued before the
+    softmax of tile i, into a second accumulator, so the tensor cores run it under that softmax;
+    one wait at the top of each tile covers it and the previous O += P V. chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
     128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator case passed)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
@@ -81,7 +98,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     NIT = CHB * NC // TH  # load items (key, chunk) per thread per plane and tile
     KPI = TH // NC  # key stride between a thread's items
     BUFW = CHB * RS
-    SBW, SCH = 2 * BUFW, 2 * CHB  # shared array sizes (literal shapes)
+    PP = wg and pingpong and W == 8
+    SA = wg and s_ahead and not PP
+    NBUF = 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
+    SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
+    QGW = 64 * RS  # SA: words of a warpgroup's Q in shared memory (after the K and V buffers)
     SIM = SIMULATED
     RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
@@ -96,15 +117,22 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
     WG = wg
-    PP = wg and pingpong and W == 8
-    PVA = wg and pv_async and not PP
-    wg_s = wg_pv = no_wgmma
+    PVA = wg and (pv_async or SA) and not PP
+    wg_s = wg_pv = wg_s_ss = wg_s_ss0 = no_wgmma
     wg_pv_wait = no_wgmma_wait
+    wg_sa_wait = no_wgmma_wait3
+    o_fence = s_retire = no_reg_fence
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
         if PVA:
             wg_pv_wait = wgmma_wait(D, NVS)
+        if SA:  # Q as K-major core matrices like a K tile: the same offsets
+            wg_s_ss = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256, wait=False)
+            wg_s_ss0 = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256)
+            wg_sa_wait = wgmma_wait(D, NVS, CHB)
+            o_fence = reg_fence(D)
+            s_retire = wgmma_wait_acc(CHB, 1)
 
     @cuda.jit(device=True, inline=True)
     def soff(key, c):
@@ -233,13 +261,16 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             else:
                 dyn = cuda.shared.array(0, np.uint32, alignment=128)
             KS = dyn[:SBW]
-            VS = dyn[SBW:]
+            VS = dyn[SBW:2 * SBW]
+            QS = dyn[2 * SBW:]  # SA: the warpgroups' Q
         elif SIM:  # the simulator refuses an alignment
             KS = cuda.shared.array(SBW, np.uint32)
             VS = cuda.shared.array(SBW, np.uint32)
+            QS = dyn = KS
         else:  # ldmatrix / st.shared.v4 / cp.async need 16-byte aligned rows
             KS = cuda.shared.array(SBW, np.uint32, alignment=16)
             VS = cuda.shared.array(SBW, np.uint32, alignment=16)
+            QS = dyn = KS
         ksr = cuda.shared.array(SCH, np.float32)  # int8 row scales of the keys
         vsr = cuda.shared.array(SCH, np.float32)
         kval = cuda.shared.array(SCH, np.int32)  # key valid (read only in blocks with holes)
@@ -302,8 +333,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     x1 = q[tq, hq, d1] * qscale
                     x2 = q[tq, hq, d0 + 8] * qscale
                     x3 = q[tq, hq, d1 + 8] * qscale
-                qa[s, hi] = pack_k(x0, x1)
-                qa[s, 2 + hi] = pack_k(x2, x3)
+                if SA:  # row 16 (warp % 4) + r of the warpgroup's Q, k 16 s + 2 tig (+ 8)
+                    qw = (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
+                    QS[qw] = pack_k(x0, x1)
+                    QS[qw + 32] = pack_k(x2, x3)  # the next 16-byte chunk is the next core
+                else:
+                    qa[s, hi] = pack_k(x0, x1)
+                    qa[s, 2 + hi] = pack_k(x2, x3)
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -313,6 +349,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         l0 = f32(0.0)
         l1 = f32(0.0)
         sv = cuda.local.array((NKT, 4), np.float32)
+        sn = cuda.local.array((NKT, 4), np.float32)  # SA: S of the next tile, in flight
         rk = cuda.local.array(NIT, np.int64)
         rv = cuda.local.array(NIT, np.int64)
         okb = cuda.local.array(NIT, np.int32)
@@ -350,34 +387,43 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         ipg = split * ppw  # fast path: page and offset of the next tile to fetch
         ioff = 0
-        if ntiles > 0:  # prologue: tile 0 into buffer 0
-            item_rows(table, h, P, fastp, kb, ke, ipg, ioff, key0, rk, rv, okb)
-            issue_k(k_words, k_scales, KS, 0, rk, kreg, krs, c, key0, False)
-            issue_v(v_words, v_scales, VS, 0, rv, vreg, vrs, c, key0, False)
-            commit_k(KS, 0, kreg, c, key0)
-            commit_v(VS, 0, vreg, c, key0)
-            if c == 0:
-                for j in range(NIT):
-                    key = key0 + KPI * j
-                    kval[key] = okb[j]
-                    if kf == INT8:
-                        ksr[key] = krs[j]
-                    if vf == INT8:
-                        vsr[key] = vrs[j]
-            ioff += CHB
-            if ioff >= P:
-                ioff -= P
-                ipg += 1
+        for pt in range(NBUF - 1):  # prologue: tiles 0 (SA: and 1) into buffers 0 (and 1)
+            if pt < ntiles:
+                item_rows(table, h, P, fastp, kb + pt * CHB, ke, ipg, ioff, key0, rk, rv, okb)
+                issue_k(k_words, k_scales, KS, pt * BUFW, rk, kreg, krs, c, key0, False)
+                issue_v(v_words, v_scales, VS, pt * BUFW, rv, vreg, vrs, c, key0, False)
+                commit_k(KS, pt * BUFW, kreg, c, key0)
+                commit_v(VS, pt * BUFW, vreg, c, key0)
+                if c == 0:
+                    for j in range(NIT):
+                        key = pt * CHB + key0 + KPI * j
+                        kval[key] = okb[j]
+                        if kf == INT8:
+                            ksr[key] = krs[j]
+                        if vf == INT8:
+                            vsr[key] = vrs[j]
+                ioff += CHB
+                if ioff >= P:
+                    ioff -= P
+                    ipg += 1
         tile_barrier()
+        qword = u32(2 * SBW + (warp >> 2) * QGW)
+        if SA and ntiles > 0:  # S of tile 0, waited for: one left running into the loop made ptxas
+            wg_s_ss0(sn, dyn, qword, 0)  # serialize every wgmma (C7518; a loop that may not run)
+        buf = 0  # the tile's buffer
         for ti in range(ntiles):
-            if PVA:  # the last tile's O += P V is done before anything reuses its buffer or acc
+            if SA:  # this tile's S and the last tile's O += P V are done
+                wg_sa_wait(acc, pa, sn)
+            elif PVA:  # the last tile's O += P V is done before anything reuses its buffer or acc
                 wg_pv_wait(acc, pa)
-            buf = ti & 1
             k0 = kb + ti * CHB
-            nxt = ti + 1 < ntiles
-            nb = (buf ^ 1) * BUFW
+            lt = ti + NBUF - 1  # the tile brought in during this one, into the buffer freed last
+            lbuf = buf - 1 if buf > 0 else NBUF - 1
+            kl = kb + lt * CHB
+            nxt = lt < ntiles
+            nb = lbuf * BUFW
             if nxt:
-                if fastp and not holes and k0 + 2 * CHB <= ke:
+                if fastp and not holes and kl + CHB <= ke:
                     # the common tile: inside one allocated page and the split, so the rows are
                     # two table entries plus constants (no per-item tests or 64-bit multiplies)
                     rk0 = i64(table[0, h, IX(ipg)]) * P + ioff + key0
@@ -389,10 +435,17 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, True)
                     issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, True)
                 else:
-                    item_rows(table, h, P, fastp, k0 + CHB, ke, ipg, ioff, key0, rk, rv, okb)
+                    item_rows(table, h, P, fastp, kl, ke, ipg, ioff, key0, rk, rv, okb)
                     issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, False)
                     issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, False)
-            run = (run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last)
+            if SA:  # + 0 (-0 becomes +0, the same probability): a plain copy would be the same value,
+                # live across the next issue, so the compiler would move the in-flight accumulators
+                for u in range(NKT):
+                    for i in range(4):
+                        sv[u, i] = sn[u, i] + f32(0.0)
+            # SA runs every tile: a tile past the warpgroup's rows is masked whole (p = 0, O and
+            # its row sums unchanged), so no wgmma is issued on one path and not on another
+            run = True if SA else ((run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last))
             bk = u32(buf * BUFW)
             # ping-pong (two warpgroups): group 1's S = Q K^T waits for group 0's, group 0's
             # O += P V for group 1's S, so each group's softmax runs under the other's MMAs.
@@ -400,7 +453,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if PP and grp == 1:
                 bar_sync(1, 256)
             if run:
-                if WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
+                if SA:  # (issued a tile ahead, copied into sv above)
+                    pass
+                elif WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
                     wg_s(sv, qa, KS, bk)
                 else:
                     for u in range(NKT):
@@ -454,20 +509,41 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
-                if mx0 > m0 + _LAZY:
-                    al = ex2(m0 - mx0)
-                    m0 = mx0
-                    l0 *= al
+                if SA:  # the same rescale without a branch (x 1 when the max stays): a divergent
+                    # write of O's registers with an MMA in flight serializes every wgmma (ptxas)
+                    up0 = mx0 > m0 + _LAZY
+                    up1 = mx1 > m1 + _LAZY
+                    al0 = ex2(m0 - mx0) if up0 else f32(1.0)
+                    al1 = ex2(m1 - mx1) if up1 else f32(1.0)
+                    m0 = mx0 if up0 else m0
+                    m1 = mx1 if up1 else m1
+                    l0 *= al0
+                    l1 *= al1
                     for n in range(ND8):
-                        acc[n, 0] *= al
-                        acc[n, 1] *= al
-                if mx1 > m1 + _LAZY:
-                    al = ex2(m1 - mx1)
-                    m1 = mx1
-                    l1 *= al
-                    for n in range(ND8):
-                        acc[n, 2] *= al
-                        acc[n, 3] *= al
+                        acc[n, 0] *= al0
+                        acc[n, 1] *= al0
+                        acc[n, 2] *= al1
+                        acc[n, 3] *= al1
+                else:
+                    if mx0 > m0 + _LAZY:
+                        al = ex2(m0 - mx0)
+                        m0 = mx0
+                        l0 *= al
+                        for n in range(ND8):
+                            acc[n, 0] *= al
+                            acc[n, 1] *= al
+                    if mx1 > m1 + _LAZY:
+                        al = ex2(m1 - mx1)
+                        m1 = mx1
+                        l1 *= al
+                        for n in range(ND8):
+                            acc[n, 2] *= al
+                            acc[n, 3] *= al
+                if SA:  # the next tile's S, run under the rest of this softmax: issued after the
+                    # rescale of O (ptxas serializes every wgmma when O's registers are written
+                    # while an MMA is in flight, C7515); past the last tile: a buffer never read
+                    o_fence(acc)
+                    wg_s_ss(sn, dyn, qword, u32((buf + 1 if buf + 1 < NBUF else 0) * BUFW))
                 # a row with nothing unmasked yet keeps m = -inf: subtract 0 there, so a masked
                 # score gives ex2(-inf) = 0 without a test per score
                 ms0 = m0 if m0 > _NEG_INF else f32(0.0)
@@ -530,11 +606,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 bar_sync(2, 256)
             if run and WG:  # ---- O += P V: the warpgroup's 64 rows x D, P from registers
                 wg_pv(acc, pa, VS, bk)
+                if SA:  # the next tile's S is done (committed before this O += P V, which runs on):
+                    s_retire(sn)  # only one wgmma crosses the tile barrier (two made ptxas serialize)
             if nxt:
                 commit_k(KS, nb, kreg, c, key0)
                 commit_v(VS, nb, vreg, c, key0)
                 if c == 0 and (holes or kf == INT8 or vf == INT8):  # kval is read in blocks with holes only
-                    ob = (buf ^ 1) * CHB
+                    ob = lbuf * CHB
                     for j in range(NIT):
                         key = key0 + KPI * j
                         if holes:
@@ -548,8 +626,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     ioff -= P
                     ipg += 1
             tile_barrier()
+            buf = buf + 1 if buf + 1 < NBUF else 0
 
-        if PVA:
+        if SA:
+            wg_sa_wait(acc, pa, sn)
+        elif PVA:
             wg_pv_wait(acc, pa)
         # ---- the warp's partials
         if active:
@@ -657,7 +738,7 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False):
+                       pv_async: bool = False, s_ahead: bool = False):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -666,14 +747,15 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
         raise ValueError(f"attention_prefill: unknown prefill kernel {kind!r} (fa or wg)")
     pre = (bool(pre[0]), bool(pre[1]))
     pingpong = bool(pingpong) and kind == "wg"
-    pv_async = bool(pv_async) and kind == "wg" and not pingpong
+    s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
+    pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and not pingpong
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async)
+           pv_async, s_ahead)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async)
+                                          pv_async, s_ahead)
     return _PREFILL[key]
 
 
@@ -683,8 +765,11 @@ def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
     return chb or (8192 if wg else 4096) // D
 
 
-def wg_smem_bytes(D: int, chb: int = 0) -> int:
-    """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each, 16-bit values."""
+def wg_smem_bytes(D: int, chb: int = 0, s_ahead: bool = False, warps: int = 8) -> int:
+    """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each (s_ahead: three,
+    and each warpgroup's 64 rows of Q), 16-bit values."""
+    if s_ahead:
+        return 12 * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
     return 8 * tile_keys(D, True, chb) * D
 
 
@@ -725,6 +810,9 @@ def _ptx_signatures():
             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True), kernel_sig(BF16, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, pv_async=True),
              kernel_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, s_ahead=True),
+             kernel_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(BF16, INT8, 4, 128, kind="wg", warps=8, s_ahead=True), kernel_sig(BF16, INT8)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), kernel_sig(INT8, NVFP4))]
     for fmt in (NVFP4, ISO3):
         for devpos in (False, True):

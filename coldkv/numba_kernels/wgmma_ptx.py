@@ -85,6 +85,58 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
     return intrinsic(wgmma)
 
 
+def _wgmma_ss(n: int, nk: int, bf16: bool, lbo_a: int, sbo_a: int, lbo_b: int, sbo_b: int, step: int,
+              wait: bool):
+    """Intrinsic f(acc, sarr, aword, bword) -> None: acc [n / 8, 4] f32 = A @ B with both read
+    from shared memory by descriptor (the "SS" form): A [64, 16 nk] K-major core matrices at
+    sarr[aword] (its K-adjacent cores lbo_a bytes apart, M-adjacent sbo_a: bench/wgmma_probe.py's
+    "ss:a_kmajor_m_outer/kn", H200 at df0cfd2), B K-major at sarr[bword] as `_wgmma`'s; each k16
+    step advances both by `step` bytes. wait=False: committed, not waited for (`wgmma_wait`)."""
+    dt = "bf16" if bf16 else "f16"
+    na = n // 2
+    d = ", ".join(f"${i}" for i in range(na))
+    DA, DB = na, na + 1
+    lines = ["{ .reg .b64 da, db;", "wgmma.fence.sync.aligned;"]
+    for s in range(nk):
+        src_a, src_b = f"${DA}", f"${DB}"
+        if s:
+            lines += [f"add.s64 da, ${DA}, {(s * step) >> 4};", f"add.s64 db, ${DB}, {(s * step) >> 4};"]
+            src_a, src_b = "da", "db"
+        lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dt}.{dt} {{{d}}}, {src_a}, {src_b}, "
+                     f"{1 if s else 0}, 1, 1, 0, 0;")
+    lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else []) + ["}"]
+    ptx = "\n".join(lines)
+    # acc in and out although D = A B ignores it (scale-d 0): the compiler then keeps the
+    # accumulators in the same registers from one issue to the next, instead of moving them
+    # while an MMA writes them (ptxas serializes every wgmma for that, C7515)
+    cons = ",".join(["=f"] * na + ["l", "l"] + [str(i) for i in range(na)])
+    hi_a, hi_b = _desc_hi(lbo_a, sbo_a), _desc_hi(lbo_b, sbo_b)
+    assert step % 16 == 0
+    if SIMULATED:
+        return _sim_wgmma_ss(n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step)
+
+    def codegen(context, builder, sig, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        descs = []
+        for w, wt, hi in ((args[2], sig.args[2], hi_a), (args[3], sig.args[3], hi_b)):
+            addr = _smem_ptr(context, builder, sig.args[1], args[1], context.cast(builder, w, wt, types.uint32))
+            lo = builder.and_(builder.lshr(addr, ir.Constant(i32, 4)), ir.Constant(i32, 0x3FFF))
+            descs.append(builder.or_(builder.zext(lo, i64), ir.Constant(i64, hi)))
+        rt = ir.LiteralStructType([f32] * na)
+        ins = descs + [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [i64, i64] + [f32] * na), ptx, cons + ",~{memory}",
+                                      side_effect=True), ins)
+        for i in range(na):
+            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    def wgmma(typingctx, acc, sarr, aword, bword):
+        return types.void(acc, sarr, aword, bword), codegen
+
+    return intrinsic(wgmma)
+
+
 _WGMMA: dict = {}
 
 
@@ -97,32 +149,100 @@ def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int
     return _WGMMA[key]
 
 
-def wgmma_wait(n: int, nk: int):
-    """Intrinsic f(acc, a) -> None: wait for this warpgroup's committed wgmmas (wait_group 0), with
-    acc [n / 8, 4] f32 and a [nk, 4] uint32 as the asm's operands, so that the compiler neither
-    moves nor reuses them while the MMA that reads a and writes acc runs."""
-    na = n // 2
+def wgmma_ss(n: int, nk: int, bf16: bool, lbo_a: int, sbo_a: int, lbo_b: int, sbo_b: int, step: int,
+             wait: bool = True):
+    """The (cached) intrinsic of `_wgmma_ss`: m64 n{n} k16 x nk, A and B by descriptor, D = A B."""
+    key = ("ss", n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step, wait)
+    if key not in _WGMMA:
+        _WGMMA[key] = _wgmma_ss(*key[1:])
+    return _WGMMA[key]
+
+
+def wgmma_wait(n: int, nk: int, ns: int = 0):
+    """Intrinsic f(acc, a) -> None (ns > 0: f(acc, a, sacc)): wait for this warpgroup's committed
+    wgmmas (wait_group 0), with acc [n / 8, 4] f32, a [nk, 4] uint32 (and sacc [ns / 8, 4] f32, a
+    second accumulator in flight) as the asm's operands, so that the compiler neither moves nor
+    reuses them while the MMAs that read a and write acc (and sacc) run."""
+    sizes = [n // 2, 4 * nk] + ([ns // 2] if ns else [])
     if SIMULATED:
-        return lambda acc, a: None  # the emulated wgmma is done when it returns
+        return (lambda acc, a, sacc: None) if ns else (lambda acc, a: None)  # the emulated wgmma is done
 
     def codegen(context, builder, sig, args):
         f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
-        aw = context.make_array(sig.args[1])(context, builder, args[1]).data
-        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
-        ins += [builder.load(builder.gep(aw, [ir.Constant(i64, i)])) for i in range(4 * nk)]
-        cons = ",".join(["=f"] * na + [str(i) for i in range(na)] + ["r"] * (4 * nk))
-        rt = ir.LiteralStructType([f32] * na)
-        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [f32] * na + [i32] * (4 * nk)),
+        arrs = [context.make_array(t)(context, builder, v).data for t, v in zip(sig.args, args)]
+        tys = [f32, i32, f32]
+        outs = [(j, i) for j in (0, 2) if j < len(sizes) for i in range(sizes[j])]  # f32 operands are in-out
+        ins = [builder.load(builder.gep(arrs[j], [ir.Constant(i64, i)])) for j, i in outs]
+        ins += [builder.load(builder.gep(arrs[1], [ir.Constant(i64, i)])) for i in range(sizes[1])]
+        no = len(outs)
+        cons = ",".join(["=f"] * no + [str(i) for i in range(no)] + ["r"] * sizes[1])
+        rt = ir.LiteralStructType([f32] * no)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [f32] * no + [tys[1]] * sizes[1]),
                                       "wgmma.wait_group.sync.aligned 0;", cons + ",~{memory}", side_effect=True), ins)
-        for i in range(na):
-            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        for k, (j, i) in enumerate(outs):
+            builder.store(builder.extract_value(r, k), builder.gep(arrs[j], [ir.Constant(i64, i)]))
         return context.get_dummy_value()
+
+    if ns:
+        def wait3(typingctx, acc, a, sacc):
+            return types.void(acc, a, sacc), codegen
+
+        return intrinsic(wait3)
 
     def wait(typingctx, acc, a):
         return types.void(acc, a), codegen
 
     return intrinsic(wait)
+
+
+def wgmma_wait_acc(n: int, pending: int):
+    """Intrinsic f(acc) -> None: wgmma.wait_group `pending` (all but the last `pending` committed
+    groups done), acc [n / 8, 4] f32, the accumulators of a group it retires, as operands."""
+    na = n // 2
+    if SIMULATED:
+        return lambda acc: None
+
+    def codegen(context, builder, sig, args):
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
+        cons = ",".join(["=f"] * na + [str(i) for i in range(na)])
+        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na),
+                                      f"wgmma.wait_group.sync.aligned {pending};", cons + ",~{memory}",
+                                      side_effect=True), ins)
+        for i in range(na):
+            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    def wait(typingctx, acc):
+        return types.void(acc), codegen
+
+    return intrinsic(wait)
+
+
+def reg_fence(n: int):
+    """Intrinsic f(acc) -> None, acc [n / 8, 4] f32: an empty asm that reads and writes every
+    element, ordered with the wgmma asm (CUTLASS's warpgroup_fence_operand): the instructions
+    that define acc stay before it, so none lands after an MMA issued next."""
+    na = n // 2
+    if SIMULATED:
+        return lambda acc: None
+
+    def codegen(context, builder, sig, args):
+        f32, i64 = ir.FloatType(), ir.IntType(64)
+        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
+        cons = ",".join(["=f"] * na + [str(i) for i in range(na)])
+        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na), "", cons + ",~{memory}",
+                                      side_effect=True), ins)
+        for i in range(na):
+            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    def fence(typingctx, acc):
+        return types.void(acc), codegen
+
+    return intrinsic(fence)
 
 
 @cuda.jit(device=True, inline=True)
@@ -196,6 +316,30 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
             for e in range(4):
                 v = D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)]
                 acc[j, e] = np.float32(v + (acc[j, e] if accumulate else 0.0))
+        _sim_allgather(None, 128)  # no thread's shared stores may overtake another's reads
+
+    return wgmma
+
+
+def _sim_wgmma_ss(n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step):
+    """The wgmma of `_wgmma_ss`: A's element (m, k) of step s at byte aword * 4 + s step + (k >> 3)
+    lbo_a + (m >> 3) sbo_a + (m & 7) 16 + (k & 7) 2, B's as `_sim_wgmma`'s K-major one."""
+    s_, m, k = np.meshgrid(np.arange(nk), np.arange(64), np.arange(16), indexing="ij")
+    a_bytes = (s_ * step + (k >> 3) * lbo_a + (m >> 3) * sbo_a + (m & 7) * 16 + (k & 7) * 2)
+    a_bytes = a_bytes.transpose(1, 0, 2).reshape(64, 16 * nk)
+    s_, k, col = np.meshgrid(np.arange(nk), np.arange(16), np.arange(n), indexing="ij")
+    b_bytes = (s_ * step + (k >> 3) * lbo_b + (col >> 3) * sbo_b + (col & 7) * 16 + (k & 7) * 2).reshape(16 * nk, n)
+
+    def wgmma(acc, sarr, aword, bword):
+        _, me = _sim_allgather(None, 128)  # every thread has issued (its shared stores are done)
+        halves = np.asarray(sarr).view(np.uint16)
+        A = _sim_halves_to_f32(halves[(4 * int(aword) + a_bytes) // 2], bf16)
+        B = _sim_halves_to_f32(halves[(4 * int(bword) + b_bytes) // 2], bf16)
+        w, g, q = me // 32, (me % 32) >> 2, me & 3
+        D = A[16 * w: 16 * w + 16].astype(np.float64) @ B.astype(np.float64)
+        for j in range(n // 8):
+            for e in range(4):
+                acc[j, e] = np.float32(D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)])
         _sim_allgather(None, 128)  # no thread's shared stores may overtake another's reads
 
     return wgmma

@@ -110,7 +110,7 @@ class CUDABackend:
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None):
         """prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
-        "fa", "wg", "wg8", "wg8pp", "wg8a"); prefill_chunk: tokens of a prefill pass, a multiple of
+        "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill pass, a multiple of
         PAD_QUANTUM (None: prefill_chunk_tokens). Both are for benchmarks' A/Bs."""
         from coldkv.runtime.loader import load_args, load_weights
 
@@ -119,7 +119,7 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
                             f"this model has {a.head_dim}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
-        # (mma_prefill, mma_warps, mma_pingpong, mma_pv_async) of chunks of more than one token
+        # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         self.prefill_attention = prefill_kernel(prefill_attention, a.head_dim)
         if prefill_chunk is not None and (prefill_chunk <= 0 or prefill_chunk % PAD_QUANTUM):
             raise ValueError(f"prefill_chunk must be a positive multiple of {PAD_QUANTUM}, got {prefill_chunk}")
@@ -213,7 +213,7 @@ class CUDABackend:
     def _scratch(self) -> bool:
         """Whether caches hold the 16-bit planes the "fa" prefill kernel reads 4-bit pages from
         (one layer's 4-bit planes at 16 bits: ~13% of a 28-layer nvfp4 cache)."""
-        return self.prefill_attention[0] == "fa"
+        return self.prefill_attention["mma_prefill"] == "fa"
 
     def _held_arena(self, table: KVTable, max_tokens: int) -> tuple[DeviceKVArena | None, bool]:
         """(the kept arena if its cache is gone, else None; whether a cache of this table and size
@@ -396,10 +396,9 @@ class CUDABackend:
             post_qkv(True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
             at, plan_len = (pos, cache.capacity) if pos0 is None else (pos0, None)
-            kind, warps, pingpong, pv_async = self.prefill_attention if T > 1 else (None, None, False, False)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
-                                 mma_prefill=kind, mma_warps=warps, mma_pingpong=pingpong, mma_pv_async=pv_async,
+                                 **(self.prefill_attention if T > 1 else {}),
                                  prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)
             L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
             gemm(o16, lw.wo, x, accumulate=True)
