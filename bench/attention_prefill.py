@@ -59,11 +59,8 @@ PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          "fa@r168": {"kernel": "mma", "mma_prefill": "fa", "max_registers": 168},
          "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128},
          # the same on Hopper warpgroup MMAs (sm_90a): one or two warpgroups a block
-         "wg": {"kernel": "mma", "mma_prefill": "wg"},
-         "wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
-         "wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
-         "wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
-         "wg8s": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_s_ahead": True}}
+         # (the backend's names: every knob given, as one left out takes auto's value)
+         **{k: {"kernel": "mma", **A.PREFILL_KERNELS[k]} for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s")}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

@@ -7,7 +7,7 @@
 # H200 at 6390c47 / a1a8206: tests ~235-260 s (7e81a48: > 330 s, 123 of 124 done), decode grid ~60 s after them, codecs ~60 s, generate
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
 # A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
-# third, "prefill", adds bench/attention_prefill.py at T 2048 (fa, wg8, wg8pp, wg8a; ~60 s) and bench/prefill_profile.py; a
+# third, "prefill", adds bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s) and bench/prefill_profile.py; a
 # fourth is the seconds the whole script may take (default 570). bench/wgmma_probe.py (~1-2 min: a process per case) runs
 # last, in the time left.
 set -u
@@ -28,7 +28,7 @@ fi
 if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compiled while the tests run
   # it waits for the tests and the decode grid (~350 s at d7dd710), so its timeout is the budget's
   timeout $(( B - 30 )) python3 bench/attention_prefill.py --commit "$C" --wait-pid $D --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8pp wg8a --formats bf16 nvfp4 --repeats 5 \
+    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8s --formats bf16 nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
 fi
 wait

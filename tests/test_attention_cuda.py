@@ -104,11 +104,7 @@ def _kernel_kw(kernel):
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
-            "mma_wg": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 4},
-            "mma_wg8": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False},
-            "mma_wg8pp": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
-            "mma_wg8a": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
-            "mma_wg8s": {"kernel": "mma", "mma_prefill": "wg", "mma_warps": 8, "mma_s_ahead": True},
+            **{"mma_" + k: {"kernel": "mma", **A.PREFILL_KERNELS[k]} for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s")},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
@@ -417,13 +413,21 @@ def test_prefill_chunk_tokens():
 
 
 def test_prefill_kernel_names():
-    """The CUDA backend's prefill_attention names: paged_attention_cuda's keywords; "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a on
-    the H200); an unknown name is an error."""
-    assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS}
-    assert A.prefill_kernel("wg8pp", 128) == {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True}
-    assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True}
-    assert A.prefill_kernel("wg8s", 128)["mma_s_ahead"] is True
+    """The CUDA backend's prefill_attention names: paged_attention_cuda's keywords, every knob
+    given; "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a or wg8s on
+    the H200 by format); an unknown name is an error."""
+    off = {"mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False}
+    assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
+                                           "mma_s_ahead": False}
+    assert A.prefill_kernel("wg8pp", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pingpong": True}
+    assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True}
+    assert A.prefill_kernel("wg8s", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
+                                             "mma_s_ahead": True}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
+    nv, b = Q.NVFP4, Q.BF16
+    assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
+    if A._has_wgmma():  # H200: S ahead pays where both planes are decoded in the block
+        assert A._prefill_auto(128, nv, nv) == "wg8s" and A._prefill_auto(128, b, nv) == "wg8a"
     assert A.prefill_kernel("auto", 256)["mma_prefill"] == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)

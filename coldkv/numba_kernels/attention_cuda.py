@@ -622,35 +622,41 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0,
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
 # "wg8pp": the two warpgroups take turns on the tensor cores (named barriers; measured no faster
 # end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
-# decode and barrier (session 15), auto's choice on sm_90 since session 16. "wg8s": wg8a with Q in
-# shared memory and S of the next tile issued before this tile's softmax (session 16).
-PREFILL_KERNELS = {
-    "fa": {"mma_prefill": "fa", "mma_warps": NWARPS},
-    "wg": {"mma_prefill": "wg", "mma_warps": 4},
-    "wg8": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": False},
-    "wg8pp": {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": True},
-    "wg8a": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True},
-    "wg8s": {"mma_prefill": "wg", "mma_warps": 8, "mma_pv_async": True, "mma_s_ahead": True},
+# decode and barrier (session 15). "wg8s": wg8a with Q in shared memory and S of the next tile
+# issued before this tile's softmax (session 16). auto picks one of them per format (_prefill_auto).
+_WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False}
+PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
+    "fa": {"mma_prefill": "fa", "mma_warps": NWARPS, "mma_pv_async": False, "mma_s_ahead": False},
+    "wg": {**_WG, "mma_warps": 4},
+    "wg8": _WG,
+    "wg8pp": {**_WG, "mma_pingpong": True},
+    "wg8a": {**_WG, "mma_pv_async": True},
+    "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
 }
 
 
-def _prefill_auto(D: int = 128) -> str:
-    """The PREFILL_KERNELS name that "auto" runs for T > 1. On an sm_90 GPU at head_dim <= 128:
-    "wg8a" (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, df0cfd2,
-    T 2048 at 32768 keys (bench/results/logs/prefill_wg8a_df0cfd2.json), us wg8 / wg8a: bf16
-    4/2/128 671 / 657, 32/8/128 4052 / 3947; nvfp4 609 / 591, 3586 / 3566; end to end at 32k
-    (generate_wg8a_df0cfd2.json) 0.624x / 0.640x HF (bf16 KV), 0.642x / 0.678x (nvfp4). wg8 against
-    fa (2379591): bf16 32/8/128 4256 / 4809, nvfp4 3688 / 5834. Elsewhere "fa": at 6390c47 it beat
-    the since removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1,
-    smem8 75.5)."""
-    return "wg8a" if D <= 128 and _has_wgmma() else "fa"
+def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
+    """The PREFILL_KERNELS name that "auto" runs for T > 1 (K and V formats kf, vf; None: not
+    known yet). On an sm_90 GPU at head_dim <= 128: "wg8s" when both planes are 4-bit, else "wg8a"
+    (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
+    keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
+    671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f
+    (prefill_wg8s_6b89c1f.json) bf16 668 / 728, 4205 / 4284, nvfp4 595 / 570, 3738 / 3555. End to end
+    at 32k: wg8a 0.640x HF against wg8's 0.624x (bf16 KV), 0.678x against 0.642x (nvfp4); wg8s
+    0.606x against wg8a's 0.638x (bf16), 0.693x against 0.671x (nvfp4). wg8 against fa (2379591):
+    bf16 32/8/128 4256 / 4809, nvfp4 3688 / 5834. Elsewhere "fa": at 6390c47 it beat the since
+    removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
+    if D > 128 or not _has_wgmma():
+        return "fa"
+    return "wg8s" if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3) else "wg8a"
 
 
-def prefill_kernel(name: str, D: int) -> dict:
+def prefill_kernel(name: str, D: int, kf=None, vf=None) -> dict:
     """paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for a prefill kernel name of
-    PREFILL_KERNELS, or "auto" (_prefill_auto's choice for head_dim D on this GPU)."""
+    PREFILL_KERNELS, or "auto" (_prefill_auto's choice for head_dim D and the K / V formats on this
+    GPU)."""
     if name == "auto":
-        name = _prefill_auto(D)
+        name = _prefill_auto(D, kf, vf)
     if name not in PREFILL_KERNELS:
         raise ValueError(f"unknown prefill attention kernel {name!r}: auto, {', '.join(PREFILL_KERNELS)}")
     return dict(PREFILL_KERNELS[name])
@@ -722,7 +728,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=False):
+                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -747,9 +753,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     default since it measured faster) / mma_pipe (the decode kernel's software-pipelined loads) /
     mma_warps / mma_chb (keys per shared tile of "wg") /
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
-    ("wg": O += P V runs on under the next tile's decode; None: auto's choice when the kernel and
-    warps are auto's, else off) / mma_s_ahead ("wg": Q in shared memory, S of the next tile issued
-    before this tile's softmax): tuning knobs of the benchmark
+    ("wg": O += P V runs on under the next tile's decode) / mma_s_ahead ("wg": Q in shared memory,
+    S of the next tile issued before this tile's softmax) (both None: auto's choice when the kernel
+    and warps are auto's, else off): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored.
@@ -781,13 +787,16 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    auto = prefill_kernel("auto", D)
-    auto_prefill, auto_warps, auto_pva = auto["mma_prefill"], auto["mma_warps"], auto.get("mma_pv_async", False)
+    auto = prefill_kernel("auto", D, k_fmt, v_fmt)
+    auto_prefill, auto_warps = auto["mma_prefill"], auto["mma_warps"]
     prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
     if mma_warps is None:
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
+    is_auto = prefill == auto_prefill and mma_warps == auto_warps and not mma_pingpong
     if mma_pv_async is None:  # auto's, for auto's kernel and warps
-        mma_pv_async = auto_pva and prefill == auto_prefill and mma_warps == auto_warps and not mma_pingpong
+        mma_pv_async = is_auto and auto.get("mma_pv_async", False)
+    if mma_s_ahead is None:
+        mma_s_ahead = is_auto and auto.get("mma_s_ahead", False)
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 
