@@ -1,7 +1,8 @@
 """Compile every CUDA kernel to PTX for sm_90 (catches typing the simulator lets through).
 
 Runs tests/ptx_check.py in a subprocess without NUMBA_ENABLE_CUDASIM: this process may already
-have imported numba.cuda as the simulator. Add a kernel module to PTX_MODULES to check it.
+have imported numba.cuda as the simulator. Add a kernel module to PTX_MODULES to check it
+(MODULE:I/N: a shard of a long list, so that CI's two workers compile it side by side).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ PTX_MODULES = [
     "coldkv.numba_kernels.requant",
     "coldkv.numba_kernels.attention_cuda",
     "coldkv.numba_kernels.attention_mma",
-    "coldkv.numba_kernels.attention_prefill",
+    "coldkv.numba_kernels.attention_prefill:0/2",  # ~20 wgmma / mma.sync kernels, ~2.5 min on one core
+    "coldkv.numba_kernels.attention_prefill:1/2",
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
     "coldkv.numba_kernels.sampling",

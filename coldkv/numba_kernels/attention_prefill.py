@@ -75,10 +75,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     the V buffer the MMA reads), so it runs under the next tile's decode into shared memory and the
     tile barrier. s_ahead (wg, not with pingpong; implies pv_async): Q lives in shared memory
     (the SS-form wgmma reads it by descriptor, which frees its 32 registers a thread), tiles are
-    triple-buffered and brought in two tiles ahead, and S of tile i + 1 is issued before the
-    softmax of tile i, into a second accumulator, so the tensor cores run it under that softmax;
-    one wait at the top of each tile covers it and the previous O += P V. chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key tiles at d
-    128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator case passed)."""
+    triple-buffered and brought in two tiles ahead, and S of tile i + 1 is issued after the
+    rescale of tile i's O, into a second accumulator, so the tensor cores run it under that
+    softmax's exponentials; it is retired right after O += P V is issued, and the wait at the top
+    of each tile covers that O += P V (docs/kernels.md "Prefill, session 16" lists what ptxas
+    needed not to serialize the wgmmas). chb: keys per tile (default 4096 / D, wg 8192 / D, also
+    its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
+    while their simulator case passed)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):

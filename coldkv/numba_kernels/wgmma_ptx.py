@@ -13,6 +13,8 @@ The descriptor's leading byte offset (LBO) is the distance between K-adjacent co
 stride byte offset (SBO) between N-adjacent ones, for both majors: measured on the H200 by
 bench/wgmma_probe.py (c513766: every (LBO = K step, SBO = N step) case correct, the swapped
 readings wrong or faulting). Each k16 step advances the start address by `step` bytes.
+`wgmma_ss` reads A from shared memory too, as K-major core matrices with the same convention
+(LBO the K-adjacent core, SBO the M-adjacent one; the probe's "ss:" cases, df0cfd2).
 """
 from __future__ import annotations
 
@@ -195,9 +197,9 @@ def wgmma_wait(n: int, nk: int, ns: int = 0):
     return intrinsic(wait)
 
 
-def wgmma_wait_acc(n: int, pending: int):
-    """Intrinsic f(acc) -> None: wgmma.wait_group `pending` (all but the last `pending` committed
-    groups done), acc [n / 8, 4] f32, the accumulators of a group it retires, as operands."""
+def _acc_asm(n: int, text: str):
+    """Intrinsic f(acc) -> None: the inline asm `text` with every element of acc [n / 8, 4] f32
+    as an operand read and written (side effects and a memory clobber order it with the wgmma asm)."""
     na = n // 2
     if SIMULATED:
         return lambda acc: None
@@ -207,42 +209,29 @@ def wgmma_wait_acc(n: int, pending: int):
         acc = context.make_array(sig.args[0])(context, builder, args[0]).data
         ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
         cons = ",".join(["=f"] * na + [str(i) for i in range(na)])
-        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na),
-                                      f"wgmma.wait_group.sync.aligned {pending};", cons + ",~{memory}",
-                                      side_effect=True), ins)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na), text,
+                                      cons + ",~{memory}", side_effect=True), ins)
         for i in range(na):
             builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
         return context.get_dummy_value()
 
-    def wait(typingctx, acc):
+    def asm(typingctx, acc):
         return types.void(acc), codegen
 
-    return intrinsic(wait)
+    return intrinsic(asm)
+
+
+def wgmma_wait_acc(n: int, pending: int):
+    """Intrinsic f(acc): wgmma.wait_group `pending` (all but the last `pending` committed groups
+    done), with acc [n / 8, 4] f32, the accumulators of a group it retires, as operands."""
+    return _acc_asm(n, f"wgmma.wait_group.sync.aligned {pending};")
 
 
 def reg_fence(n: int):
-    """Intrinsic f(acc) -> None, acc [n / 8, 4] f32: an empty asm that reads and writes every
-    element, ordered with the wgmma asm (CUTLASS's warpgroup_fence_operand): the instructions
-    that define acc stay before it, so none lands after an MMA issued next."""
-    na = n // 2
-    if SIMULATED:
-        return lambda acc: None
-
-    def codegen(context, builder, sig, args):
-        f32, i64 = ir.FloatType(), ir.IntType(64)
-        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
-        cons = ",".join(["=f"] * na + [str(i) for i in range(na)])
-        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na), "", cons + ",~{memory}",
-                                      side_effect=True), ins)
-        for i in range(na):
-            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
-        return context.get_dummy_value()
-
-    def fence(typingctx, acc):
-        return types.void(acc), codegen
-
-    return intrinsic(fence)
+    """Intrinsic f(acc), acc [n / 8, 4] f32: an empty asm that reads and writes every element
+    (CUTLASS's warpgroup_fence_operand): the instructions that define acc stay before it, so none
+    is scheduled after an MMA issued next."""
+    return _acc_asm(n, "")
 
 
 @cuda.jit(device=True, inline=True)
