@@ -1,0 +1,75 @@
+"""Compile prefill attention kernels for sm_90a offline and print what ptxas says (no GPU needed).
+
+    python bench/ptxas_prefill.py --formats nvfp4 bf16 --kernels wg8a wg8s [--ptxas PATH] [--sass DIR]
+
+Per (format, kernel): registers, spills and ptxas's wgmma warnings (C7511-C7518: "wgmma.mma_async
+instructions are serialized due to ..."; docs/kernels.md "Prefill, session 16"), and with
+nvdisasm on PATH the SASS counts of HGMMA / WARPGROUP.DEPBAR (a serialized kernel has one DEPBAR
+per HGMMA). The kernel is the device-position build at head_dim 128, G 2, as the backend runs it.
+Check every change to the wgmma kernels with it: ptxas serializes silently otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format: bf16 int8 nvfp4 iso3")
+    ap.add_argument("--kernels", nargs="+", default=["wg8a", "wg8s"], help="names of attention_cuda.PREFILL_KERNELS")
+    ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
+    ap.add_argument("--sass", default="", help="keep the .ptx / .sass files in this folder")
+    args = ap.parse_args()
+
+    from numba import cuda
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Sm90:
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _Sm90()  # kernels calling device functions ask for it
+    from coldkv.numba_kernels import attention_prefill as AP
+    from coldkv.numba_kernels.attention_cuda import PREFILL_KERNELS
+    from coldkv.numba_kernels.quant import FORMAT_IDS
+
+    out = Path(args.sass or tempfile.mkdtemp())
+    out.mkdir(parents=True, exist_ok=True)
+    nvdisasm = shutil.which("nvdisasm")
+    for fmt in args.formats:
+        f = FORMAT_IDS[fmt]
+        for name in args.kernels:
+            kw = PREFILL_KERNELS[name]
+            kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
+                                         pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
+                                         s_ahead=kw["mma_s_ahead"])
+            ptx, _ = cuda.compile_ptx(kern.py_func, AP.kernel_sig(f, f, True), cc=(9, 0))
+            # wgmma needs the arch-specific target; numba writes plain sm_90
+            ptx = re.sub(r"\.version \d+\.\d+", ".version 8.7", ptx).replace(".target sm_90", ".target sm_90a")
+            base = out / f"{fmt}_{name}"
+            base.with_suffix(".ptx").write_text(ptx)
+            r = subprocess.run([args.ptxas, "-arch=sm_90a", "-v", str(base.with_suffix(".ptx")), "-o",
+                                str(base.with_suffix(".cubin"))], capture_output=True, text=True)
+            info = [re.sub(r"'_Z\w+'", "", line).strip() for line in (r.stdout + r.stderr).splitlines()
+                    if re.search(r"registers|spill|serialized|rror", line)]
+            counts = ""
+            if nvdisasm and r.returncode == 0:
+                sass = subprocess.run([nvdisasm, "-c", str(base.with_suffix(".cubin"))], capture_output=True,
+                                      text=True).stdout
+                base.with_suffix(".sass").write_text(sass)
+                counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}"
+            print(f"{fmt} {name}:{counts}")
+            for line in info:
+                print("   ", line)
+
+
+if __name__ == "__main__":
+    main()
