@@ -787,16 +787,16 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise NotImplementedError("attention_cuda: cold-slot pages (table entries <= -2) are not decoded yet")
     qscale = np.float32(sm_scale * _LOG2E)
     use_mma = _use_mma(kernel, k_fmt, v_fmt, G, D)
-    auto = prefill_kernel("auto", D, k_fmt, v_fmt)
+    auto = PREFILL_KERNELS[_prefill_auto(D, k_fmt, v_fmt)]  # (read only: no copy per launch)
     auto_prefill, auto_warps = auto["mma_prefill"], auto["mma_warps"]
     prefill = auto_prefill if mma_prefill is None or mma_prefill is True else mma_prefill
     if mma_warps is None:
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
     is_auto = prefill == auto_prefill and mma_warps == auto_warps and not mma_pingpong
     if mma_pv_async is None:  # auto's, for auto's kernel and warps
-        mma_pv_async = is_auto and auto.get("mma_pv_async", False)
+        mma_pv_async = is_auto and auto["mma_pv_async"]
     if mma_s_ahead is None:
-        mma_s_ahead = is_auto and auto.get("mma_s_ahead", False)
+        mma_s_ahead = is_auto and auto["mma_s_ahead"]
     if use_mma and prefill and (T > 1 or mma_prefill is not None):
         from coldkv.numba_kernels import attention_prefill
 

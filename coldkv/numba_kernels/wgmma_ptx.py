@@ -160,78 +160,67 @@ def wgmma_ss(n: int, nk: int, bf16: bool, lbo_a: int, sbo_a: int, lbo_b: int, sb
     return _WGMMA[key]
 
 
+def _tied_asm(text: str, nf: tuple, nu: int = 0):
+    """Intrinsic f(*f32 arrays[, u32 array]) -> None: the inline asm `text` with every element of
+    the f32 arrays (nf: their element counts) as an operand read and written, and the nu elements
+    of the u32 array read. Side effects and a memory clobber order it with the wgmma asm, and the
+    compiler neither moves nor reuses these registers across it."""
+    nt = sum(nf)
+
+    def codegen(context, builder, sig, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        arrs = [context.make_array(t)(context, builder, v).data for t, v in zip(sig.args, args)]
+        outs = [(j, i) for j, n in enumerate(nf) for i in range(n)]
+        ins = [builder.load(builder.gep(arrs[j], [ir.Constant(i64, i)])) for j, i in outs]
+        ins += [builder.load(builder.gep(arrs[len(nf)], [ir.Constant(i64, i)])) for i in range(nu)]
+        cons = ",".join(["=f"] * nt + [str(i) for i in range(nt)] + ["r"] * nu)
+        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * nt), [f32] * nt + [i32] * nu),
+                                      text, cons + ",~{memory}", side_effect=True), ins)
+        for k, (j, i) in enumerate(outs):
+            builder.store(builder.extract_value(r, k), builder.gep(arrs[j], [ir.Constant(i64, i)]))
+        return context.get_dummy_value()
+
+    # (an intrinsic's typing function takes no *args: one per operand count)
+    def asm1(typingctx, x):
+        return types.void(x), codegen
+
+    def asm2(typingctx, x, y):
+        return types.void(x, y), codegen
+
+    def asm3(typingctx, x, y, z):
+        return types.void(x, y, z), codegen
+
+    return intrinsic((asm1, asm2, asm3)[len(nf) + (1 if nu else 0) - 1])
+
+
 def wgmma_wait(n: int, nk: int, ns: int = 0):
     """Intrinsic f(acc, a) -> None (ns > 0: f(acc, a, sacc)): wait for this warpgroup's committed
     wgmmas (wait_group 0), with acc [n / 8, 4] f32, a [nk, 4] uint32 (and sacc [ns / 8, 4] f32, a
     second accumulator in flight) as the asm's operands, so that the compiler neither moves nor
     reuses them while the MMAs that read a and write acc (and sacc) run."""
-    sizes = [n // 2, 4 * nk] + ([ns // 2] if ns else [])
     if SIMULATED:
         return (lambda acc, a, sacc: None) if ns else (lambda acc, a: None)  # the emulated wgmma is done
-
-    def codegen(context, builder, sig, args):
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        arrs = [context.make_array(t)(context, builder, v).data for t, v in zip(sig.args, args)]
-        tys = [f32, i32, f32]
-        outs = [(j, i) for j in (0, 2) if j < len(sizes) for i in range(sizes[j])]  # f32 operands are in-out
-        ins = [builder.load(builder.gep(arrs[j], [ir.Constant(i64, i)])) for j, i in outs]
-        ins += [builder.load(builder.gep(arrs[1], [ir.Constant(i64, i)])) for i in range(sizes[1])]
-        no = len(outs)
-        cons = ",".join(["=f"] * no + [str(i) for i in range(no)] + ["r"] * sizes[1])
-        rt = ir.LiteralStructType([f32] * no)
-        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [f32] * no + [tys[1]] * sizes[1]),
-                                      "wgmma.wait_group.sync.aligned 0;", cons + ",~{memory}", side_effect=True), ins)
-        for k, (j, i) in enumerate(outs):
-            builder.store(builder.extract_value(r, k), builder.gep(arrs[j], [ir.Constant(i64, i)]))
-        return context.get_dummy_value()
-
-    if ns:
-        def wait3(typingctx, acc, a, sacc):
-            return types.void(acc, a, sacc), codegen
-
-        return intrinsic(wait3)
-
-    def wait(typingctx, acc, a):
-        return types.void(acc, a), codegen
-
-    return intrinsic(wait)
-
-
-def _acc_asm(n: int, text: str):
-    """Intrinsic f(acc) -> None: the inline asm `text` with every element of acc [n / 8, 4] f32
-    as an operand read and written (side effects and a memory clobber order it with the wgmma asm)."""
-    na = n // 2
-    if SIMULATED:
-        return lambda acc: None
-
-    def codegen(context, builder, sig, args):
-        f32, i64 = ir.FloatType(), ir.IntType(64)
-        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
-        ins = [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
-        cons = ",".join(["=f"] * na + [str(i) for i in range(na)])
-        r = builder.call(ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * na), [f32] * na), text,
-                                      cons + ",~{memory}", side_effect=True), ins)
-        for i in range(na):
-            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
-        return context.get_dummy_value()
-
-    def asm(typingctx, acc):
-        return types.void(acc), codegen
-
-    return intrinsic(asm)
+    wait = _tied_asm("wgmma.wait_group.sync.aligned 0;", (n // 2, ns // 2) if ns else (n // 2,), 4 * nk)
+    if ns:  # the operands in _tied_asm's order: f32 arrays first
+        return cuda.jit(device=True, inline=True)(lambda acc, a, sacc: wait(acc, sacc, a))
+    return wait
 
 
 def wgmma_wait_acc(n: int, pending: int):
     """Intrinsic f(acc): wgmma.wait_group `pending` (all but the last `pending` committed groups
     done), with acc [n / 8, 4] f32, the accumulators of a group it retires, as operands."""
-    return _acc_asm(n, f"wgmma.wait_group.sync.aligned {pending};")
+    if SIMULATED:
+        return lambda acc: None
+    return _tied_asm(f"wgmma.wait_group.sync.aligned {pending};", (n // 2,))
 
 
 def reg_fence(n: int):
     """Intrinsic f(acc), acc [n / 8, 4] f32: an empty asm that reads and writes every element
     (CUTLASS's warpgroup_fence_operand): the instructions that define acc stay before it, so none
     is scheduled after an MMA issued next."""
-    return _acc_asm(n, "")
+    if SIMULATED:
+        return lambda acc: None
+    return _tied_asm("", (n // 2,))
 
 
 @cuda.jit(device=True, inline=True)

@@ -119,10 +119,13 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
                             f"this model has {a.head_dim}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
+        kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         # ("auto": none, so that each layer's launch picks by its K / V formats)
-        self.prefill_attention = {} if prefill_attention == "auto" else prefill_kernel(prefill_attention, a.head_dim)
-        self.prefill_fa = prefill_kernel(prefill_attention, a.head_dim)["mma_prefill"] == "fa"
+        self.prefill_attention = {} if prefill_attention == "auto" else kernel
+        # whether caches hold the 16-bit planes the "fa" prefill kernel reads 4-bit pages from (one
+        # layer's 4-bit planes at 16 bits: ~13% of a 28-layer nvfp4 cache); "wg" decodes in its blocks
+        self._scratch = kernel["mma_prefill"] == "fa"
         if prefill_chunk is not None and (prefill_chunk <= 0 or prefill_chunk % PAD_QUANTUM):
             raise ValueError(f"prefill_chunk must be a positive multiple of {PAD_QUANTUM}, got {prefill_chunk}")
         self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count())
@@ -210,12 +213,6 @@ class CUDABackend:
                                    self._scratch)
         self._arena, self._arena_user = cache.arena, weakref.ref(cache)
         return cache
-
-    @property
-    def _scratch(self) -> bool:
-        """Whether caches hold the 16-bit planes the "fa" prefill kernel reads 4-bit pages from
-        (one layer's 4-bit planes at 16 bits: ~13% of a 28-layer nvfp4 cache)."""
-        return self.prefill_fa
 
     def _held_arena(self, table: KVTable, max_tokens: int) -> tuple[DeviceKVArena | None, bool]:
         """(the kept arena if its cache is gone, else None; whether a cache of this table and size
