@@ -30,12 +30,21 @@ def test_embed_exact():
     np.testing.assert_array_equal(x.copy_to_host(), L.embed_ref(tokens, table))
 
 
-def test_rms_norm():
-    x = (rng.standard_normal((5, 200)) * 3).astype(np.float32)
-    w = (1 + 0.1 * rng.standard_normal(200)).astype(np.float32)
-    out = cuda.device_array((5, 200), np.uint16)
+@pytest.mark.parametrize("T, n", [(5, 200), (3, 384), (5, 1000), (2, 5000)])
+def test_rms_norm(T, n):
+    """Rows held by one warp (n 200 / 384: 7 and 12 values a lane), by two warps (1000) and by 512
+    threads (5000), their sums of squares met in shared memory; T not a multiple of a block's rows."""
+    assert [L.rms_norm_shape(k)[0] for k in (200, 384, 1000, 5000)] == [32, 32, 64, 512]
+    x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
+    w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    out = cuda.device_array((T, n), np.uint16)
     L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S)
     _bf16_close(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6))
+
+
+def test_rms_norm_refuses_rows_it_cannot_hold():
+    with pytest.raises(ValueError, match="rows of at most 16384"):
+        L.rms_norm_shape(16385)
 
 
 def test_swiglu_and_to_bf16():
@@ -54,6 +63,25 @@ def test_swiglu_and_to_bf16():
     np.testing.assert_array_equal(dy.copy_to_host(), y + b)
 
 
+def test_elementwise_kernels_stride_over_rows():
+    """Grids smaller than the work: each thread's loop takes ROWS_IN_FLIGHT rows (values) a step,
+    over several steps, with a partial last step."""
+    T, n = 19, 40  # 2 row blocks x 4 rows a step: 3 steps, the last one partial
+    gu = (rng.standard_normal((T, 2 * n)) * 4).astype(np.float32)
+    out = cuda.device_array((T, n), np.uint16)
+    L.swiglu_kernel[(1, 2), 64](cuda.to_device(gu), out)
+    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    y = rng.standard_normal((T, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    dy = cuda.to_device(y)
+    L.add_bias_kernel[(1, 2), 64](dy, cuda.to_device(b))
+    np.testing.assert_array_equal(dy.copy_to_host(), y + b)
+    x = rng.standard_normal(301).astype(np.float32)  # 1 block x 32 threads: 128 values a step
+    out = cuda.device_array(301, np.uint16)
+    L.to_bf16_kernel[1, 32](cuda.to_device(x), out)
+    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+
+
 def _rope_tables(n, D):
     from coldkv.runtime.config import RopeArgs
     from coldkv.runtime.rope import Rope
@@ -61,14 +89,16 @@ def _rope_tables(n, D):
     return Rope(RopeArgs(), D).cos_sin(np.arange(n))
 
 
-@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D", [
-    ("nvfp4", "int8", True, False, 64), ("iso3", "bf16", False, True, 128), ("bf16", "nvfp4", True, True, 192),
-    ("int8", "iso3", False, False, 256)])
-def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D):
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
+    ("nvfp4", "int8", True, False, 64, 4, 2), ("iso3", "bf16", False, True, 128, 4, 2),
+    ("bf16", "nvfp4", True, True, 192, 4, 2), ("int8", "iso3", False, False, 256, 4, 2),
+    ("nvfp4", "nvfp4", True, False, 128, 3, 1)])
+def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
     """q/k/v after bias, norm and RoPE match the float64 reference; the pages written by the fused
     path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V. Every
-    head_dim the kernel takes (its RoPE pairs are spelled out per head_dim)."""
-    T, Hq, H, P, pos0 = 3, 4, 2, 4, 6
+    head_dim the kernel takes (a kernel per head_dim), and 5 head slots: a block of 4 warps with 3
+    past the last slot."""
+    T, P, pos0 = 3, 4, 6
     qkv = rng.standard_normal((T, (Hq + 2 * H) * D)).astype(np.float32)
     b = rng.standard_normal(qkv.shape[1]).astype(np.float32) if bias else np.zeros(0, np.float32)
     qn, kn = ((1 + 0.1 * rng.standard_normal((2, D))).astype(np.float32) if qk_norm

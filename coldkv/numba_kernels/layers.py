@@ -5,19 +5,24 @@ GEMM is rounded once to bf16 (uint16 bits, round to nearest even) because cuBLAS
 (fp32 accumulate) against the checkpoint's bf16 weights. Norm weights are float32.
 
   embed_kernel          x[t] = bf16 row tokens[t] of the table                  [T, dim] f32
-  rms_norm_kernel       h = bf16(x / rms(x) * w)                                [T, dim] u16
-  qkv_rope_append_kernel  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
+  rms_norm_kernel(R, VPL)  h = bf16(x / rms(x) * w)                             [T, dim] u16
+  qkv_rope_append_kernel(NV)  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
                         K/V quantized straight into the layer's pages (write_pages=1), or
                         written as fp32 to kv_out (the first chunk, for the 4-bit scales)
   kv_amax_kernel, kv_gscale_kernel  second-level scale of each (K/V, head) from a chunk's
                         max |x| (maxima of token slices, then one per (K/V, head))
   swiglu_kernel         a = bf16(silu(gate) * up)                               [T, inter] u16
   to_bf16_kernel, add_bias_kernel
+Builders (name(constants)) return a kernel compiled for a row length, so that its per-thread values
+stay in registers and every loop over them unrolls. Every kernel loads what it needs before its
+first store: Numba arrays may alias, so no load is moved above a store, and a load after a store
+costs a whole memory latency.
 The references (`*_ref`) are the spec the tests hold the kernels to; the CPU model
 (runtime/model.py) computes the same math in float32 without the bf16 roundings.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -31,7 +36,8 @@ ROW_THREADS = 128  # threads a block for the row kernels
 ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain constants)
 WARPS = 4  # warps per block of the per-(token, head) kernel
 MAX_HEAD_DIM = 256
-MAX_VPL = 8  # values per lane of a head row = MAX_HEAD_DIM // 32
+RMS_VPL = 16  # most values of a row one thread of rms_norm_kernel holds
+ROWS_IN_FLIGHT = 4  # rows an elementwise kernel's thread loads before it stores any
 GSCALE_HEADROOM = np.float32(4.0)  # calibration: g = global_scale_for(4 max|x|), CPU cache too
 GSCALE_SLICES = 64  # token slices per (K/V, head) whose maxima kv_amax_kernel finds in parallel
 
@@ -100,58 +106,99 @@ def _lanes_max(v, lanes):
     return v
 
 
-@cuda.jit
-def rms_norm_kernel(x, w, eps, out):
-    """out [T, n] u16 = bf16(x / sqrt(mean(x^2) + eps) * w); one warp per row, ROW_WARPS rows a
-    block: the sum of squares by shuffles, no shared memory or barrier (a block per row took
-    22 us a call for 8192 x 384 on the H200, ~1.4 ms of a 32k prefill)."""
-    row = cuda.blockIdx.x * ROW_WARPS + cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    T, n = x.shape
-    if row >= T:  # the whole warp leaves: its shuffles below are warp-uniform
-        return
-    ss = np.float32(0.0)
-    for c in range(lane, n, 32):
-        v = x[row, c]
-        ss += v * v
-    ss = _warp_sum(ss)
-    inv = np.float32(1.0) / math.sqrt(ss / np.float32(n) + np.float32(eps))
-    for c in range(lane, n, 32):
-        out[row, c] = bf16_enc(x[row, c] * inv * w[c])
+@functools.lru_cache(maxsize=None)
+def rms_norm_kernel(R: int, VPL: int):
+    """out [T, n] u16 = bf16(x / sqrt(mean(x^2) + eps) * w) for n <= R * VPL: R threads per row (a
+    power of two from 32), each holding its VPL values and weights in registers; sums of squares by
+    shuffles, and for R > 32 through shared memory (one barrier). A row is read once: the second
+    pass of the old kernel re-read x and w after each bf16 store (Numba arrays may alias, so no
+    load moves above a store: 12 serial load latencies a row at n 384)."""
+    B = max(R, ROW_THREADS)  # threads a block
+    RPB, W, NW = B // R, R // 32, B // 32  # rows a block, warps a row, warps a block
+
+    @cuda.jit
+    def rms_norm(x, w, eps, out):
+        tid = cuda.threadIdx.x
+        row = cuda.blockIdx.x * RPB + tid // R
+        i = tid % R
+        T, n = x.shape
+        live = row < T  # no early return: a row of several warps meets at a barrier
+        v = cuda.local.array(VPL, np.float32)
+        wv = cuda.local.array(VPL, np.float32)
+        for j in range(VPL):
+            c = i + R * j
+            v[j] = x[row, c] if live and c < n else np.float32(0.0)
+            wv[j] = w[c] if c < n else np.float32(0.0)
+        ss = np.float32(0.0)
+        for j in range(VPL):
+            ss += v[j] * v[j]
+        ss = _warp_sum(ss)
+        if W > 1:
+            part = cuda.shared.array(NW, np.float32)
+            if tid % 32 == 0:
+                part[tid // 32] = ss
+            cuda.syncthreads()
+            ss = np.float32(0.0)
+            for k in range(W):
+                ss += part[(tid // R) * W + k]
+        inv = np.float32(1.0) / math.sqrt(ss / np.float32(n) + np.float32(eps))
+        if live:
+            for j in range(VPL):
+                c = i + R * j
+                if c < n:
+                    out[row, c] = bf16_enc(v[j] * inv * wv[j])
+
+    return rms_norm
 
 
-@cuda.jit(device=True)
-def _append_row(fmt, vals, nv, g, table, h, p, codes, scales, lane):
-    """Append the warp's row (lane's value slot j = column lane + 32 j) at position p of kv head h
-    in a hot format. Every lane encodes its own values with the CPU kernel's scalar cores
-    (quant.quantize_chunk's, so the pages are bit-identical); a group's max comes from shuffles
-    over its lanes: 16 lanes of one slot for the 4-bit formats, the warp for int8's row. (It was a
-    lane per group / per int8 row through shared memory: 8 busy lanes at d 128, one for int8.)"""
-    P = codes.shape[1]
-    page = table[h, p // P]
-    if page < 0:  # the host maps every position before the launch; a kernel cannot raise
-        return
-    row = p % P
-    if fmt == BF16:
-        for j in range(MAX_VPL):
-            if j < nv:
+def rms_norm_shape(n: int) -> tuple[int, int]:
+    """(threads a row R, values a thread VPL) of rms_norm_kernel for rows of n values: the fewest
+    threads that hold a row in at most RMS_VPL registers each."""
+    R = 32
+    while -(-n // R) > RMS_VPL and R < 1024:
+        R *= 2
+    if -(-n // R) > RMS_VPL:
+        raise ValueError(f"rms_norm: rows of at most {1024 * RMS_VPL} values, got {n}")
+    return R, -(-n // R)
+
+
+@functools.lru_cache(maxsize=None)
+def qkv_rope_append_kernel(NV: int):
+    """The fused q/k/v kernel for head_dim 32 NV; a warp per (token t, head slot s), launched as
+    grid (T, ceil(S / WARPS)): slots [0, Hq) are q heads, then Hq..Hq+H-1 K, then V.
+
+    qkv [T, (Hq + 2H) D] f32 (the fused QKV GEMM's output); bias [(Hq + 2H) D] or empty;
+    q_norm/k_norm [D] or empty; cos/sin [positions, D/2]; pos int32 device: pos[0] the chunk's first
+    position (device-resident so a captured graph serves every decode step); q_out [T, Hq, D];
+    kv_out [2, T_max, H, D] fp32 scratch; K/V tables [H, max_pages]; gscale [2, H].
+    Lane j-th value is column lane + 32 j, so RoPE's partner column (c + D/2) is in the same lane.
+    NV is a constant so that every slot loop unrolls without a branch: with the runtime count of
+    the old kernel, each bias / norm-weight load sat in its own branch, one load latency after
+    another (~20 a warp)."""
+    HALF = NV // 2
+
+    @cuda.jit(device=True)
+    def append_row(fmt, vals, g, page, row, codes, scales, lane):
+        """Append the warp's row (lane's value slot j = column lane + 32 j) as row `row` of pool
+        page `page` in a hot format. Every lane encodes its own values with the CPU kernel's scalar
+        cores (quant.quantize_chunk's, so the pages are bit-identical); a group's max comes from
+        shuffles over its lanes: 16 lanes of one slot for the 4-bit formats, the warp for int8's."""
+        if fmt == BF16:
+            for j in range(NV):
                 codes[page, row, lane + 32 * j] = bf16_enc(vals[j])
-        return
-    if fmt == INT8:  # one scale for the row
-        amax = np.float32(0.0)
-        for j in range(MAX_VPL):
-            if j < nv:
+            return
+        if fmt == INT8:  # one scale for the row
+            amax = np.float32(0.0)
+            for j in range(NV):
                 amax = max(amax, abs_or_inf(vals[j]))
-        amax = _lanes_max(amax, 32)
-        scale, inv = int8_row_scale(amax)
-        if lane == 0:
-            scales[page, row, 0] = scale
-        for j in range(MAX_VPL):
-            if j < nv:
+            amax = _lanes_max(amax, 32)
+            scale, inv = int8_row_scale(amax)
+            if lane == 0:
+                scales[page, row, 0] = scale
+            for j in range(NV):
                 codes[page, row, lane + 32 * j] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
-        return
-    for j in range(MAX_VPL):  # nvfp4 / iso3: lanes 16 k .. 16 k + 15 of slot j hold group 2 j + k
-        if j < nv:
+            return
+        for j in range(NV):  # nvfp4 / iso3: lanes 16 k .. 16 k + 15 of slot j hold group 2 j + k
             x = vals[j]
             amax = _lanes_max(abs_or_inf(x), 16)
             sb = group_scale(fmt, amax, g)
@@ -162,95 +209,74 @@ def _append_row(fmt, vals, nv, g, table, h, p, codes, scales, lane):
             if lane % 2 == 0:
                 codes[page, row, c >> 1] = encode_pair(fmt, x, x1, group_mult(sb, g), sb)
 
-
-@cuda.jit(device=True)
-def _rot(vals, j, k, cos, sin, p, lane):
-    """RoPE of the lane's value slots j (column lane + 32 j) and k (its partner, + D/2)."""
-    c = lane + 32 * j
-    co = cos[p, c]
-    si = sin[p, c]
-    x1 = vals[j]
-    x2 = vals[k]
-    vals[j] = x1 * co - x2 * si
-    vals[k] = x2 * co + x1 * si
-
-
-@cuda.jit
-def qkv_rope_append_kernel(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
-                           k_fmt, k_table, k_codes, k_scales, v_fmt, v_table, v_codes, v_scales,
-                           gscale, write_pages):
-    """A warp per (token t, head slot s): slots [0, Hq) are q heads, then Hq..Hq+H-1 K, then V.
-
-    qkv [T, (Hq + 2H) D] f32 (the fused QKV GEMM's output); bias [(Hq + 2H) D] or empty;
-    q_norm/k_norm [D] or empty; cos/sin [positions, D/2]; pos int32 device: pos[0] the chunk's first
-    position (device-resident so a captured graph serves every decode step); q_out [T, Hq, D];
-    kv_out [2, T_max, H, D] fp32 scratch; K/V tables [H, max_pages]; gscale [2, H].
-    Lane j-th value is column lane + 32 j, so RoPE's partner column (c + D/2) is in the same lane.
-    """
-    T = qkv.shape[0]
-    Hq, D = q_out.shape[1], q_out.shape[2]
-    H = kv_out.shape[2]
-    S = Hq + 2 * H
-    lane = cuda.threadIdx.x % 32
-    warp = cuda.blockIdx.x * WARPS + cuda.threadIdx.x // 32
-    if warp >= T * S:
-        return  # whole warps only: the grid is rounded up to blocks
-    t = warp // S
-    s = warp % S
-    nv = D // 32
-    vals = cuda.local.array(MAX_VPL, np.float32)
-    has_bias = bias.shape[0] > 0
-    for j in range(MAX_VPL):
-        if j < nv:
-            c = s * D + lane + 32 * j
-            v = qkv[t, c]
-            if has_bias:
-                v += bias[c]
-            vals[j] = v
-    p = pos[0] + t
-    if s < Hq + H:
-        if q_norm.shape[0] > 0:
+    @cuda.jit
+    def qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
+                        k_fmt, k_table, k_codes, k_scales, v_fmt, v_table, v_codes, v_scales, gscale,
+                        write_pages):
+        Hq, D = q_out.shape[1], q_out.shape[2]
+        H = kv_out.shape[2]
+        t = cuda.blockIdx.x
+        s = cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if s >= Hq + 2 * H:
+            return  # whole warps only
+        p = pos[0] + t
+        rotated = s < Hq + H  # q and K heads: norm and RoPE
+        normed = rotated and q_norm.shape[0] > 0
+        plane = 0 if s < Hq + H else 1
+        h = s - Hq - plane * H
+        # every load first, all in one wave: in program order after the first computations, each
+        # group waited for the one before (norm weights after the norm's shuffles, then cos/sin)
+        vals = cuda.local.array(NV, np.float32)
+        for j in range(NV):
+            vals[j] = qkv[t, s * D + lane + 32 * j]
+        w = q_norm if s < Hq else k_norm
+        wv = cuda.local.array(NV, np.float32)
+        if normed:
+            for j in range(NV):
+                wv[j] = w[lane + 32 * j]
+        co = cuda.local.array(HALF, np.float32)
+        si = cuda.local.array(HALF, np.float32)
+        if rotated:
+            for j in range(HALF):
+                co[j] = cos[p, lane + 32 * j]
+                si[j] = sin[p, lane + 32 * j]
+        table = k_table if plane == 0 else v_table
+        P = k_codes.shape[1] if plane == 0 else v_codes.shape[1]
+        lp = p // P
+        page = table[h, lp] if s >= Hq and write_pages != 0 else -1
+        if bias.shape[0] > 0:
+            for j in range(NV):
+                vals[j] += bias[s * D + lane + 32 * j]
+        if normed:
             ss = np.float32(0.0)
-            for j in range(MAX_VPL):
-                if j < nv:
-                    ss += vals[j] * vals[j]
+            for j in range(NV):
+                ss += vals[j] * vals[j]
             inv = np.float32(1.0) / math.sqrt(_warp_sum(ss) / np.float32(D) + np.float32(eps))
-            for j in range(MAX_VPL):
-                if j < nv:
-                    c = lane + 32 * j
-                    vals[j] = vals[j] * inv * (q_norm[c] if s < Hq else k_norm[c])
-        # RoPE pairs value slot j with j + nv / 2, spelled out per head_dim: a variable index
-        # would keep `vals` in local memory (ptxas: a 32-byte stack frame, ~50 ld/st.local)
-        if nv == 2:
-            _rot(vals, 0, 1, cos, sin, p, lane)
-        elif nv == 4:
-            _rot(vals, 0, 2, cos, sin, p, lane)
-            _rot(vals, 1, 3, cos, sin, p, lane)
-        elif nv == 6:
-            _rot(vals, 0, 3, cos, sin, p, lane)
-            _rot(vals, 1, 4, cos, sin, p, lane)
-            _rot(vals, 2, 5, cos, sin, p, lane)
-        else:
-            _rot(vals, 0, 4, cos, sin, p, lane)
-            _rot(vals, 1, 5, cos, sin, p, lane)
-            _rot(vals, 2, 6, cos, sin, p, lane)
-            _rot(vals, 3, 7, cos, sin, p, lane)
-    if s < Hq:
-        for j in range(MAX_VPL):
-            if j < nv:
+            for j in range(NV):
+                vals[j] = vals[j] * inv * wv[j]
+        if rotated:
+            for j in range(HALF):  # the pair (c, c + D/2) is this lane's slots j, j + HALF
+                x1 = vals[j]
+                x2 = vals[j + HALF]
+                vals[j] = x1 * co[j] - x2 * si[j]
+                vals[j + HALF] = x2 * co[j] + x1 * si[j]
+        if s < Hq:
+            for j in range(NV):
                 q_out[t, s, lane + 32 * j] = vals[j]
-        return
-    plane = 0 if s < Hq + H else 1
-    h = (s - Hq) % H
-    if write_pages == 0:
-        for j in range(MAX_VPL):
-            if j < nv:
+            return
+        if write_pages == 0:
+            for j in range(NV):
                 kv_out[plane, t, h, lane + 32 * j] = vals[j]
-        return
-    if plane == 0:
-        _append_row(k_fmt, vals, nv, gscale[0, h], k_table, h, p, k_codes, k_scales, lane)
-    else:
-        _append_row(v_fmt, vals, nv, gscale[1, h], v_table, h, p, v_codes, v_scales, lane)
+            return
+        if page < 0:  # the host maps every position before the launch; a kernel cannot raise
+            return
+        if plane == 0:
+            append_row(k_fmt, vals, gscale[0, h], page, p - lp * P, k_codes, k_scales, lane)
+        else:
+            append_row(v_fmt, vals, gscale[1, h], page, p - lp * P, v_codes, v_scales, lane)
+
+    return qkv_rope_append
 
 
 @cuda.jit
@@ -299,31 +325,51 @@ def kv_gscale_kernel(part, two_level, gscale):
 def swiglu_kernel(gu, out):
     """out [T, I] u16 = bf16(silu(gate) * up), gu [T, 2I] f32 = (gate | up). Columns on grid x,
     rows on grid y (strided): no per-element index division, which is a ~70-instruction 64-bit
-    divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on the H200 at c513766)."""
+    divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on the H200 at c513766).
+    A thread loads ROWS_IN_FLIGHT rows before it stores: Numba arrays may alias, so a load after a
+    store waits for it, and one row at a time was one load latency a row."""
     T, n = out.shape
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c < n:
-        for t in range(cuda.blockIdx.y, T, cuda.gridDim.y):
-            g = gu[t, c]
-            out[t, c] = bf16_enc(g / (np.float32(1.0) + math.exp(-g)) * gu[t, n + c])
+        g = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+        u = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+        for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
+            for k in range(ROWS_IN_FLIGHT):
+                live = t0 + k < T
+                g[k] = gu[t0 + k, c] if live else np.float32(0.0)
+                u[k] = gu[t0 + k, n + c] if live else np.float32(0.0)
+            for k in range(ROWS_IN_FLIGHT):
+                if t0 + k < T:
+                    out[t0 + k, c] = bf16_enc(g[k] / (np.float32(1.0) + math.exp(-g[k])) * u[k])
 
 
 @cuda.jit
 def to_bf16_kernel(x, out):
-    """out [n] u16 = bf16(x [n] f32)."""
-    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
-        out[i] = bf16_enc(x[i])
+    """out [n] u16 = bf16(x [n] f32); ROWS_IN_FLIGHT values a thread in flight (swiglu_kernel)."""
+    n, st = x.shape[0], cuda.gridsize(1)
+    v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+    for i in range(cuda.grid(1), n, ROWS_IN_FLIGHT * st):
+        for k in range(ROWS_IN_FLIGHT):
+            v[k] = x[i + k * st] if i + k * st < n else np.float32(0.0)
+        for k in range(ROWS_IN_FLIGHT):
+            if i + k * st < n:
+                out[i + k * st] = bf16_enc(v[k])
 
 
 @cuda.jit
 def add_bias_kernel(y, b):
-    """y [T, n] f32 += b [n]; laid out as swiglu_kernel (no per-element division)."""
+    """y [T, n] f32 += b [n]; laid out as swiglu_kernel (no per-element division, loads first)."""
     T, n = y.shape
     c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     if c < n:
         bc = b[c]
-        for t in range(cuda.blockIdx.y, T, cuda.gridDim.y):
-            y[t, c] += bc
+        v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+        for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
+            for k in range(ROWS_IN_FLIGHT):
+                v[k] = y[t0 + k, c] if t0 + k < T else np.float32(0.0)
+            for k in range(ROWS_IN_FLIGHT):
+                if t0 + k < T:
+                    y[t0 + k, c] = v[k] + bc
 
 
 # ==================================================================================== launchers
@@ -336,7 +382,7 @@ def _grid_rows(T: int, n: int, threads: int = 256) -> tuple:
     most ~2048 blocks (about two resident waves on an H200). A block per row (8192 x 4 blocks for
     a 8192-row swiglu) took 66 us a call on the H200 at 2cbb620, against ~25 us for its bytes."""
     cols = max(1, -(-n // threads))
-    return cols, max(1, min(T, 2048 // cols))
+    return cols, max(1, min(-(-T // ROWS_IN_FLIGHT), 2048 // cols))
 
 
 def launch_embed(tokens, table, x, stream):
@@ -344,17 +390,19 @@ def launch_embed(tokens, table, x, stream):
 
 
 def launch_rms_norm(x, w, eps, out, stream):
-    rms_norm_kernel[-(-x.shape[0] // ROW_WARPS), ROW_THREADS, stream](x, w, np.float32(eps), out)
+    R, vpl = rms_norm_shape(x.shape[1])
+    threads = max(R, ROW_THREADS)
+    rms_norm_kernel(R, vpl)[-(-x.shape[0] // (threads // R)), threads, stream](x, w, np.float32(eps), out)
 
 
 def launch_qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
                            k, v, gscale, write_pages: bool, stream):
     """k, v: (fmt id, table [H, max_pages], codes, scales) of the layer's K and V pools."""
-    T = qkv.shape[0]
+    T, D = qkv.shape[0], q_out.shape[2]
     S = q_out.shape[1] + 2 * kv_out.shape[2]
-    if q_out.shape[2] > MAX_HEAD_DIM or q_out.shape[2] % 64:
+    if D > MAX_HEAD_DIM or D % 64:
         raise ValueError(f"the CUDA backend supports head_dim a multiple of 64 up to {MAX_HEAD_DIM}")
-    qkv_rope_append_kernel[-(-T * S // WARPS), 32 * WARPS, stream](
+    qkv_rope_append_kernel(D // 32)[(T, -(-S // WARPS)), 32 * WARPS, stream](
         qkv, bias, q_norm, k_norm, cos, sin, pos, np.float32(eps), q_out, kv_out, *k, *v, gscale,
         1 if write_pages else 0)
 
@@ -382,7 +430,8 @@ def launch_add_bias(y, b, stream):
 def _sigs():
     out = [
         (embed_kernel, "void(int32[::1], uint16[:,::1], float32[:,::1])"),
-        (rms_norm_kernel, "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
+        (rms_norm_kernel(32, 12), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
+        (rms_norm_kernel(256, 16), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
         (kv_amax_kernel, "void(float32[:,:,:,::1], int32[::1], float32[:,:,::1])"),
         (kv_gscale_kernel, "void(float32[:,:,::1], int32[::1], float32[:,::1])"),
         (swiglu_kernel, "void(float32[:,::1], uint16[:,::1])"),
@@ -391,8 +440,8 @@ def _sigs():
     ]
     pools = {"bf16": "uint16[:,:,::1], uint8[:,:,::1]", "int8": "int8[:,:,::1], float32[:,:,::1]",
              "nvfp4": "uint8[:,:,::1], uint8[:,:,::1]"}
-    for k, v in (("nvfp4", "int8"), ("bf16", "nvfp4"), ("int8", "bf16")):
-        out.append((qkv_rope_append_kernel,
+    for k, v, nv in (("nvfp4", "int8", 4), ("bf16", "nvfp4", 2), ("int8", "bf16", 8)):
+        out.append((qkv_rope_append_kernel(nv),
                     "void(float32[:,::1], float32[::1], float32[::1], float32[::1], float32[:,::1], "
                     "float32[:,::1], int32[::1], float32, float32[:,:,::1], float32[:,:,:,::1], "
                     f"int64, int32[:,::1], {pools[k]}, int64, int32[:,::1], {pools[v]}, "
