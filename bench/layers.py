@@ -8,7 +8,7 @@ same bytes, validate first (llm.c style). No GPU is needed for --small (the simu
 
 Each op runs at a prefill chunk's shapes (--model's config.json, --tokens rows): rms_norm over the
 hidden size, qkv_rope_append into K/V pages of each --formats table (and its calibration pass,
-`qkv_calib`, writing fp32 K/V instead), swiglu over the MLP's gate|up, to_bf16 of the attention
+`qkv_calib`, writing fp32 K/V instead) and the 4-bit scales' calibration from those (`kv_gscale`), swiglu over the MLP's gate|up, to_bf16 of the attention
 output. A round captures --repeats launches of each op into a CUDA graph (a Numba launch costs
 20-50 us of Python, longer than most of these kernels) and times one replay with CUDA events; the
 copy kernel (bench/codecs.py's copy_v4) of the op's bytes runs the same way in the same round.
@@ -18,7 +18,9 @@ bytes). Repeated launches find their inputs in L2 when they fit (50 MB on an H20
 chunk's kernels do after the GEMM that wrote them; the copy of the same bytes does too.
 Writes bench/results/layers.json (or --out) with the command, shapes, device, versions, commit.
 Session 16's prefill profile (32k, nvfp4) had qkv_rope_append at ~90 us a call against ~18 us of
-bytes, swiglu 41, rms_norm 14, to_bf16 12 (bench/results/logs/prefill_profile_nvfp4_59436ef.json).
+bytes, swiglu 41, rms_norm 14, to_bf16 12, kv_amax 55 (bench/results/logs/prefill_profile_nvfp4_59436ef.json).
+For the A/B against the kernels before session 17: `git show 05336cd:coldkv/numba_kernels/layers.py >
+bench/variants/layers_05336cd.py` (bench/variants is git-ignored; carry it to the device).
 """
 from __future__ import annotations
 
@@ -96,6 +98,15 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
         "swiglu": (lambda m, st: m.launch_swiglu(gu, act, st), lambda: [act.copy_to_host()], T * inter * (8 + 2)),
         "to_bf16": (lambda m, st: m.launch_to_bf16(o, o16, st), lambda: [o16.copy_to_host()], T * nq * hd * (4 + 2)),
     }
+    kv_in = dev(rng.standard_normal((2, T, nkv, hd)).astype(f32))
+    two_level, g_out, parts = dev(np.ones(2, np.int32)), cuda.device_array((2, nkv), f32), {}
+
+    def gscale_launch(m, st):  # each module's own slice count (the simulator: 4, a thread per GPU thread)
+        if m not in parts:
+            parts[m] = cuda.device_array((2, nkv, 4 if SIM else m.GSCALE_SLICES), f32)
+        m.launch_kv_gscale(kv_in, pos, two_level, g_out, parts[m], st)
+
+    ops["kv_gscale"] = (gscale_launch, lambda: [g_out.copy_to_host()], 2 * T * nkv * hd * 4)
     qkv_in = T * (nq + 2 * nkv) * hd * 4 + T * hd * 4  # qkv rows + cos/sin rows
     npages = -(-T // page_tokens)
     for i, f in enumerate(formats):

@@ -39,7 +39,7 @@ MAX_HEAD_DIM = 256
 RMS_VPL = 16  # most values of a row one thread of rms_norm_kernel holds
 ROWS_IN_FLIGHT = 4  # rows an elementwise kernel's thread loads before it stores any
 GSCALE_HEADROOM = np.float32(4.0)  # calibration: g = global_scale_for(4 max|x|), CPU cache too
-GSCALE_SLICES = 64  # token slices per (K/V, head) whose maxima kv_amax_kernel finds in parallel
+GSCALE_SLICES = 512  # token slices per (K/V, head) whose maxima kv_amax_kernel finds in parallel
 
 
 # ==================================================================================== references
@@ -284,7 +284,8 @@ def kv_amax_kernel(kv, pos, part):
     """part[plane, h, b] = max |kv[plane, t, h, :]| over token slice b of the chunk's pos[1] valid
     rows (inf when a value is not finite; a padded pass has more rows than that). A grid of
     (2 H, slices) blocks: one block per (plane, head) reading all the rows took 3.3 ms per
-    8192-token chunk on the H200 (26 of the 76 ms of GPU time of a 32k nvfp4 prefill)."""
+    8192-token chunk on the H200 (26 of the 76 ms of GPU time of a 32k nvfp4 prefill), and 64
+    slices (1024 warps for the bundled model, an eighth of the GPU, 32 rows each) still ~55 us."""
     H, D, nb = kv.shape[2], kv.shape[3], part.shape[2]
     plane, h, b = cuda.blockIdx.x // H, cuda.blockIdx.x % H, cuda.blockIdx.y
     lane, warp = cuda.threadIdx.x % 32, cuda.threadIdx.x // 32
@@ -309,16 +310,18 @@ def kv_amax_kernel(kv, pos, part):
 @cuda.jit
 def kv_gscale_kernel(part, two_level, gscale):
     """gscale[plane, h] = global_scale_for(4 max|x|) from kv_amax_kernel's slices where
-    two_level[plane], else 1: the same calibration the CPU cache makes from a layer's first chunk."""
-    i = cuda.grid(1)
+    two_level[plane], else 1: the same calibration the CPU cache makes from a layer's first chunk.
+    A warp per (plane, head): lanes take every 32nd slice, then shuffles."""
+    i = cuda.blockIdx.x
+    lane = cuda.threadIdx.x
     H = part.shape[1]
-    if i >= 2 * H:
-        return
     plane, h = i // H, i % H
     m = np.float32(0.0)
-    for b in range(part.shape[2]):
+    for b in range(lane, part.shape[2], 32):
         m = max(m, part[plane, h, b])
-    gscale[plane, h] = global_scale_for(GSCALE_HEADROOM * m) if two_level[plane] else np.float32(1.0)
+    m = _lanes_max(m, 32)
+    if lane == 0:
+        gscale[plane, h] = global_scale_for(GSCALE_HEADROOM * m) if two_level[plane] else np.float32(1.0)
 
 
 @cuda.jit
@@ -411,7 +414,7 @@ def launch_kv_gscale(kv, pos, two_level, gscale, part, stream):
     """gscale [2, H] from the first pos[1] rows of kv [2, T_max, H, D] (pos: int32 device array, the
     chunk's (first position, valid tokens)); part [2, H, slices] f32 scratch (GSCALE_SLICES)."""
     kv_amax_kernel[(2 * kv.shape[2], part.shape[2]), ROW_THREADS, stream](kv, pos, part)
-    kv_gscale_kernel[1, 32 * -(-2 * kv.shape[2] // 32), stream](part, two_level, gscale)
+    kv_gscale_kernel[2 * kv.shape[2], 32, stream](part, two_level, gscale)
 
 
 def launch_swiglu(gu, out, stream):
