@@ -51,7 +51,7 @@ from benchutil import git_commit  # noqa: E402
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
-FORMATS = {"bf16": (Q.BF16, Q.BF16), "nvfp4": (Q.NVFP4, Q.NVFP4)}
+FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4), "iso3": (Q.ISO3, Q.ISO3)}
 PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          # FA2-style kernel (attention_prefill._build_prefill_fa), the auto default since 6390c47
          "fa": {"kernel": "mma", "mma_prefill": "fa"},
@@ -161,7 +161,7 @@ def check_sdpa_mask(torch):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
-    ap.add_argument("--formats", nargs="*", default=list(FORMATS))
+    ap.add_argument("--formats", nargs="*", default=["bf16", "nvfp4"], choices=list(FORMATS), help="K = V format")
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 4/2/128")
     ap.add_argument("--paths", nargs="*", default=["fa", "wg8"])
     ap.add_argument("--T", type=int, default=T_CHUNK)
