@@ -21,11 +21,12 @@ def _bf16_close(got_bits, ref_bits):
     assert np.mean(got_bits == ref_bits) > 0.97
 
 
-def test_embed_exact():
-    table = rng.integers(0, 2**16, (50, 96)).astype(np.uint16)
+@pytest.mark.parametrize("dim", [96, 1100])  # 1100: a thread's 4 values a step over 3 steps, the last partial
+def test_embed_exact(dim):
+    table = rng.integers(0, 2**16, (50, dim)).astype(np.uint16)
     table[(table & 0x7F80) == 0x7F80] = 0  # no NaN/inf bit patterns
     tokens = np.array([3, 49, 0, 3], np.int32)
-    x = cuda.device_array((4, 96), np.float32)
+    x = cuda.device_array((4, dim), np.float32)
     L.launch_embed(cuda.to_device(tokens), cuda.to_device(table), x, S)
     np.testing.assert_array_equal(x.copy_to_host(), L.embed_ref(tokens, table))
 

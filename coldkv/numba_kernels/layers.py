@@ -82,11 +82,18 @@ def embed_ref(tokens: np.ndarray, table16: np.ndarray) -> np.ndarray:
 # ==================================================================================== kernels
 @cuda.jit
 def embed_kernel(tokens, table, x):
-    """x [T, dim] f32 = bf16 rows tokens[t] of table [V, dim] u16."""
+    """x [T, dim] f32 = bf16 rows tokens[t] of table [V, dim] u16; a block per token,
+    ROWS_IN_FLIGHT values a thread loaded before it stores."""
     t = cuda.blockIdx.x
     tok = tokens[t]
-    for c in range(cuda.threadIdx.x, x.shape[1], cuda.blockDim.x):
-        x[t, c] = bf16_dec(table[tok, c])
+    n, bd = x.shape[1], cuda.blockDim.x
+    v = cuda.local.array(ROWS_IN_FLIGHT, np.uint16)
+    for c in range(cuda.threadIdx.x, n, ROWS_IN_FLIGHT * bd):
+        for k in range(ROWS_IN_FLIGHT):
+            v[k] = table[tok, c + k * bd] if c + k * bd < n else np.uint16(0)
+        for k in range(ROWS_IN_FLIGHT):
+            if c + k * bd < n:
+                x[t, c + k * bd] = bf16_dec(v[k])
 
 
 @cuda.jit(device=True)
