@@ -44,8 +44,17 @@ def test_rms_norm(T, n):
 
 
 def test_rms_norm_refuses_rows_it_cannot_hold():
+    """The kernel refuses; the CUDA backend refuses such a model up front, with the CLI's error type."""
+    import coldkv
+    from coldkv.errors import PlanError
+    from coldkv.runtime.cuda_backend import CUDABackend
+    from coldkv.runtime.loader import load_args
+
     with pytest.raises(ValueError, match="rows of at most 16384"):
         L.rms_norm_shape(16385)
+    args = load_args(coldkv.DEFAULT_MODEL).replace(hidden_size=L.MAX_ROW + 64)
+    with pytest.raises(PlanError, match="hidden size is 16448; use --device cpu"):
+        CUDABackend(coldkv.DEFAULT_MODEL, args=args)
 
 
 def test_swiglu_and_to_bf16():

@@ -37,6 +37,7 @@ ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain cons
 WARPS = 4  # warps per block of the per-(token, head) kernel
 MAX_HEAD_DIM = 256
 RMS_VPL = 16  # most values of a row one thread of rms_norm_kernel holds
+MAX_ROW = 1024 * RMS_VPL  # longest row rms_norm_kernel takes (a block of 1024 threads)
 ROWS_IN_FLIGHT = 4  # rows an elementwise kernel's thread loads before it stores any
 GSCALE_HEADROOM = np.float32(4.0)  # calibration: g = global_scale_for(4 max|x|), CPU cache too
 GSCALE_SLICES = 512  # token slices per (K/V, head) whose maxima kv_amax_kernel finds in parallel
@@ -164,8 +165,8 @@ def rms_norm_shape(n: int) -> tuple[int, int]:
     R = 32
     while -(-n // R) > RMS_VPL and R < 1024:
         R *= 2
-    if -(-n // R) > RMS_VPL:
-        raise ValueError(f"rms_norm: rows of at most {1024 * RMS_VPL} values, got {n}")
+    if n > MAX_ROW:
+        raise ValueError(f"rms_norm: rows of at most {MAX_ROW} values, got {n}")
     return R, -(-n // R)
 
 

@@ -118,6 +118,9 @@ class CUDABackend:
         if a.head_dim % 64 or a.head_dim > L.MAX_HEAD_DIM:
             raise PlanError(f"the CUDA backend needs head_dim a multiple of 64 up to {L.MAX_HEAD_DIM}, "
                             f"this model has {a.head_dim}; use --device cpu")
+        if a.hidden_size > L.MAX_ROW:
+            raise PlanError(f"the CUDA backend's RMSNorm takes rows of up to {L.MAX_ROW} values, this model's "
+                            f"hidden size is {a.hidden_size}; use --device cpu")
         self.page_tokens, self.graphs = page_tokens, graphs
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
