@@ -9,6 +9,8 @@ process (Numba's, cuBLAS's) through CUPTI. Writes the wall time, the summed GPU 
 name (top --top), the GPU-busy total and wall - busy (time the GPU waited on the host: eager
 chunks, graph capture and instantiation, the logits copy). --host adds one run under cProfile:
 the host functions with the most own time (what an eager chunk's ~90 launches cost in Python).
+--decode N adds N greedy decode steps after a prompt (graph replays, as `generate` runs them): wall
+and GPU-busy ms per token and the kernels by GPU time per token.
 """
 from __future__ import annotations
 
@@ -32,12 +34,39 @@ from coldkv.runtime.kv_table import resolve_table  # noqa: E402
 from coldkv.runtime.tokenizer import Tokenizer  # noqa: E402
 
 
+def kernel_times(prof, n_top: int) -> tuple[list, float, int]:
+    """(the n_top kernels by summed GPU ms, the ms the GPU was busy: the union of kernel intervals,
+    the number of kernels) of a torch.profiler run."""
+    per = defaultdict(lambda: [0.0, 0])
+    busy = []
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower():
+            per[e.name][0] += (e.time_range.end - e.time_range.start) / 1e3  # us -> ms
+            per[e.name][1] += 1
+            busy.append((e.time_range.start, e.time_range.end))
+    busy.sort()
+    merged, cur = 0.0, None
+    for s, t in busy:  # union of kernel intervals, us
+        if cur is None or s > cur[1]:
+            if cur:
+                merged += cur[1] - cur[0]
+            cur = [s, t]
+        else:
+            cur[1] = max(cur[1], t)
+    if cur:
+        merged += cur[1] - cur[0]
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:n_top]
+    return [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top], merged / 1e3, len(busy)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", type=int, default=32768)
     ap.add_argument("--table", default="bf16")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--host", action="store_true", help="also profile one run's host time (cProfile)")
+    ap.add_argument("--decode", type=int, default=0, help="also profile this many decode steps after the prompt "
+                    "(per token: wall, GPU-busy and the kernels)")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefill_profile.json")
     a = ap.parse_args()
@@ -62,30 +91,31 @@ def main() -> None:
     wall_plain = run()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall = run()
-    per = defaultdict(lambda: [0.0, 0])
-    busy = []
-    for e in prof.events():
-        if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower() and "memset" not in e.name.lower():
-            per[e.name][0] += (e.time_range.end - e.time_range.start) / 1e3  # us -> ms
-            per[e.name][1] += 1
-            busy.append((e.time_range.start, e.time_range.end))
-    busy.sort()
-    merged, cur = 0.0, None
-    for s, t in busy:  # union of kernel intervals, us
-        if cur is None or s > cur[1]:
-            if cur:
-                merged += cur[1] - cur[0]
-            cur = [s, t]
-        else:
-            cur[1] = max(cur[1], t)
-    if cur:
-        merged += cur[1] - cur[0]
-    top = sorted(per.items(), key=lambda kv: -kv[1][0])[: a.top]
+    top, busy_ms, n_kernels = kernel_times(prof, a.top)
     out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
            "commit": git_commit(a.commit), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
-           "gpu_busy_ms": round(merged / 1e3, 2), "kernels": len(busy),
-           "top": [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top]}
+           "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top}
+    if a.decode:  # decode steps after the prompt: graph replays, as generate runs them
+        from coldkv.runtime.sampling import Sampler, SamplingParams
+
+        cache = backend.new_cache(table, a.prompt + 2 * a.decode + 3)
+        backend.prefill(ids, cache)
+        sampler, tok = Sampler(SamplingParams()), int(ids[-1])
+        for _ in range(2):  # the first step compiles, the second captures
+            tok = backend.decode(tok, cache, sampler)
+        t = time.perf_counter()
+        for _ in range(a.decode):
+            tok = backend.decode(tok, cache, sampler)
+        wall = (time.perf_counter() - t) / a.decode
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.decode):
+                tok = backend.decode(tok, cache, sampler)
+        top, busy_ms, n_kernels = kernel_times(prof, a.top)
+        out["decode"] = {"steps": a.decode, "wall_ms_per_token": round(1e3 * wall, 4),
+                         "gpu_busy_ms_per_token": round(busy_ms / a.decode, 4), "kernels_per_token": n_kernels / a.decode,
+                         "top_per_token": [{**k, "ms": round(k["ms"] / a.decode, 4), "calls": k["calls"] / a.decode}
+                                           for k in top]}
     if a.host:
         import cProfile
         import pstats
