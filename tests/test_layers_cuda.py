@@ -99,26 +99,22 @@ def _rope_tables(n, D):
     return Rope(RopeArgs(), D).cos_sin(np.arange(n))
 
 
-@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
-    ("nvfp4", "int8", True, False, 64, 4, 2), ("iso3", "bf16", False, True, 128, 4, 2),
-    ("bf16", "nvfp4", True, True, 192, 4, 2), ("int8", "iso3", False, False, 256, 4, 2),
-    ("nvfp4", "nvfp4", True, False, 128, 3, 1)])
-def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
+def _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T, P, pos0):
     """q/k/v after bias, norm and RoPE match the float64 reference; the pages written by the fused
-    path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V. Every
-    head_dim the kernel takes (a kernel per head_dim), and 5 head slots: a block of 4 warps with 3
-    past the last slot."""
-    T, P, pos0 = 3, 4, 6
+    path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V, in a pool
+    of pages mapped at random to positions pos0 .. pos0 + T - 1 (other table entries unmapped)."""
     qkv = rng.standard_normal((T, (Hq + 2 * H) * D)).astype(np.float32)
     b = rng.standard_normal(qkv.shape[1]).astype(np.float32) if bias else np.zeros(0, np.float32)
     qn, kn = ((1 + 0.1 * rng.standard_normal((2, D))).astype(np.float32) if qk_norm
               else (np.zeros(0, np.float32),) * 2)
-    cos, sin = _rope_tables(16, D)
-    table = np.full((2, H, 4), -1, np.int32)
-    for plane in range(2):  # positions 4..11 (pages 1, 2 of the sequence) -> random pool pages
-        table[plane, :, 1:3] = rng.permutation(2 * H).reshape(H, 2)
-    gscale = np.array([[global_scale_for(5.0), global_scale_for(7.0)]] * 2, np.float32)
-    pools = [pool_arrays(f, 2 * H, P, D) for f in (k_fmt, v_fmt)]
+    cos, sin = _rope_tables(pos0 + T, D)
+    first, last = pos0 // P, (pos0 + T - 1) // P
+    used = last - first + 1
+    table = np.full((2, H, last + 2), -1, np.int32)
+    for plane in range(2):
+        table[plane, :, first:last + 1] = rng.permutation(used * H).reshape(H, used)
+    gscale = np.array([[global_scale_for(5.0 + 2 * h) for h in range(H)]] * 2, np.float32)
+    pools = [pool_arrays(f, used * H, P, D) for f in (k_fmt, v_fmt)]
     dev = lambda a: cuda.to_device(a)  # noqa: E731
     args = [dev(qkv), dev(b), dev(qn), dev(kn), dev(cos), dev(sin), dev(np.array([pos0], np.int32)), 1e-6]
     q = cuda.device_array((T, Hq, D), np.float32)
@@ -135,6 +131,56 @@ def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
         append_cpu(FORMAT_IDS[f], kv_h[plane], pos0, table[plane], codes, scales, gscale[plane])
         np.testing.assert_array_equal(dpools[plane][2].copy_to_host(), codes)
         np.testing.assert_array_equal(dpools[plane][3].copy_to_host(), scales)
+
+
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
+    ("nvfp4", "int8", True, False, 64, 4, 2), ("iso3", "bf16", False, True, 128, 4, 2),
+    ("bf16", "nvfp4", True, True, 192, 4, 2), ("int8", "iso3", False, False, 256, 4, 2),
+    ("nvfp4", "nvfp4", True, False, 128, 3, 1)])
+def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
+    """Every head_dim the kernel takes (a kernel per head_dim), and 5 head slots: a block of 4
+    warps with 3 past the last slot; 3 tokens across two pages of 4."""
+    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=3, P=4, pos0=6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
+    ("nvfp4", "iso3", True, False, 128, 4, 2),  # the bundled model's nvfp4 table
+    ("int8", "bf16", False, True, 128, 28, 4), ("iso3", "nvfp4", True, False, 256, 24, 4)])
+def test_gpu_qkv_rope_append_chunk(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
+    """A full prefill chunk on the device: 8192 tokens (4099 for the wide shapes) from position
+    1000, pages of 64."""
+    T = 8192 if Hq <= 4 else 4099
+    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=T, P=64, pos0=1000)
+
+
+@pytest.mark.gpu
+def test_gpu_row_kernels_chunk():
+    """The row kernels on the device at a chunk's shapes, with the launchers' strided grids: rms_norm
+    over the bundled model's rows (384) and wide ones (4096: 256 threads a row; 5000: 512), swiglu
+    and to_bf16 over 8192 rows, the calibration over 8192 tokens."""
+    for T, n in ((8192, 384), (1000, 4096), (37, 5000)):
+        x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
+        w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        out = cuda.device_array((T, n), np.uint16)
+        L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S)
+        _bf16_close(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6))
+    gu = (rng.standard_normal((8192, 2 * 1024)) * 4).astype(np.float32)
+    out = cuda.device_array((8192, 1024), np.uint16)
+    L.launch_swiglu(cuda.to_device(gu), out, S)
+    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    x = rng.standard_normal(8192 * 512 + 3).astype(np.float32)
+    out = cuda.device_array(x.size, np.uint16)
+    L.launch_to_bf16(cuda.to_device(x), out, S)
+    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+    kv = rng.standard_normal((2, 8192, 2, 128)).astype(np.float32)
+    kv[1, 5000, 1, 17] = 40.0
+    g = cuda.device_array((2, 2), np.float32)
+    part = cuda.device_array((2, 2, L.GSCALE_SLICES), np.float32)
+    L.launch_kv_gscale(cuda.to_device(kv), cuda.to_device(np.array([0, 8000], np.int32)),
+                       cuda.to_device(np.array([1, 1], np.int32)), g, part, S)
+    want = [[global_scale_for(4.0 * float(np.abs(kv[p, :8000, h]).max())) for h in range(2)] for p in range(2)]
+    np.testing.assert_array_equal(g.copy_to_host(), np.array(want, np.float32))
 
 
 def test_kv_gscale_matches_host_calibration():
