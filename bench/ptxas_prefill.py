@@ -22,6 +22,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def offline_sm90() -> None:
+    """Let numba compile for sm_90 without a GPU (kernels calling device functions ask the current
+    device for its compute capability)."""
+    import numba.cuda.dispatcher as dispatcher
+
+    class _Sm90:
+        compute_capability = (9, 0)
+
+    dispatcher.get_current_device = lambda: _Sm90()
+
+
+def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90") -> tuple[list[str], str]:
+    """PTX of py_func for sig -> base.ptx / .cubin (/ .sass with nvdisasm on PATH); -> (ptxas's
+    register / spill / warning lines, the SASS text or "")."""
+    from numba import cuda
+
+    ptx, _ = cuda.compile_ptx(py_func, sig, cc=(9, 0))
+    # this ptxas reads PTX 8.7; wgmma needs the arch-specific target (numba writes plain sm_90)
+    ptx = re.sub(r"\.version \d+\.\d+", ".version 8.7", ptx).replace(".target sm_90", f".target {arch}")
+    base.with_suffix(".ptx").write_text(ptx)
+    r = subprocess.run([ptxas, f"-arch={arch}", "-v", str(base.with_suffix(".ptx")), "-o",
+                        str(base.with_suffix(".cubin"))], capture_output=True, text=True)
+    info = [re.sub(r"'_Z\w+'", "", line).strip() for line in (r.stdout + r.stderr).splitlines()
+            if re.search(r"registers|spill|serialized|rror", line)]
+    nvdisasm = shutil.which("nvdisasm")
+    sass = ""
+    if nvdisasm and r.returncode == 0:
+        sass = subprocess.run([nvdisasm, "-c", str(base.with_suffix(".cubin"))], capture_output=True, text=True).stdout
+        base.with_suffix(".sass").write_text(sass)
+    return info, sass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format: bf16 int8 nvfp4 iso3")
@@ -30,20 +62,13 @@ def main() -> None:
     ap.add_argument("--sass", default="", help="keep the .ptx / .sass files in this folder")
     args = ap.parse_args()
 
-    from numba import cuda
-    import numba.cuda.dispatcher as dispatcher
-
-    class _Sm90:
-        compute_capability = (9, 0)
-
-    dispatcher.get_current_device = lambda: _Sm90()  # kernels calling device functions ask for it
+    offline_sm90()
     from coldkv.numba_kernels import attention_prefill as AP
     from coldkv.numba_kernels.attention_cuda import PREFILL_KERNELS
     from coldkv.numba_kernels.quant import FORMAT_IDS
 
     out = Path(args.sass or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
-    nvdisasm = shutil.which("nvdisasm")
     for fmt in args.formats:
         f = FORMAT_IDS[fmt]
         for name in args.kernels:
@@ -51,21 +76,8 @@ def main() -> None:
             kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
                                          s_ahead=kw["mma_s_ahead"])
-            ptx, _ = cuda.compile_ptx(kern.py_func, AP.kernel_sig(f, f, True), cc=(9, 0))
-            # wgmma needs the arch-specific target; numba writes plain sm_90
-            ptx = re.sub(r"\.version \d+\.\d+", ".version 8.7", ptx).replace(".target sm_90", ".target sm_90a")
-            base = out / f"{fmt}_{name}"
-            base.with_suffix(".ptx").write_text(ptx)
-            r = subprocess.run([args.ptxas, "-arch=sm_90a", "-v", str(base.with_suffix(".ptx")), "-o",
-                                str(base.with_suffix(".cubin"))], capture_output=True, text=True)
-            info = [re.sub(r"'_Z\w+'", "", line).strip() for line in (r.stdout + r.stderr).splitlines()
-                    if re.search(r"registers|spill|serialized|rror", line)]
-            counts = ""
-            if nvdisasm and r.returncode == 0:
-                sass = subprocess.run([nvdisasm, "-c", str(base.with_suffix(".cubin"))], capture_output=True,
-                                      text=True).stdout
-                base.with_suffix(".sass").write_text(sass)
-                counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}"
+            info, sass = assemble(kern.py_func, AP.kernel_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a")
+            counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}" if sass else ""
             print(f"{fmt} {name}:{counts}")
             for line in info:
                 print("   ", line)
