@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from ptxas_prefill import assemble, offline_sm90  # noqa: E402
+from ptxas_prefill import assemble, prepare, tool_args  # noqa: E402
 
 _LOAD = re.compile(r"\b(LDG|LD)\.E")
 _STORE = re.compile(r"\b(STG|ST)\.E")
@@ -45,12 +43,9 @@ def memory_order(sass: str) -> tuple[int, int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modules", nargs="+", help="modules with PTX_SIGNATURES, e.g. coldkv.numba_kernels.layers")
-    ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
-    ap.add_argument("--sass", default="", help="keep the .ptx / .cubin / .sass files in this folder")
+    tool_args(ap)
     args = ap.parse_args()
-    offline_sm90()
-    out = Path(args.sass or tempfile.mkdtemp())
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare(args)
     for name in args.modules:
         for i, (fn, sig) in enumerate(importlib.import_module(name).PTX_SIGNATURES):
             if fn.targetoptions.get("device", False):

@@ -33,6 +33,20 @@ def offline_sm90() -> None:
     dispatcher.get_current_device = lambda: _Sm90()
 
 
+def tool_args(ap: argparse.ArgumentParser) -> None:
+    """--ptxas and --sass, the options every offline report takes."""
+    ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
+    ap.add_argument("--sass", default="", help="keep the .ptx / .cubin / .sass files in this folder")
+
+
+def prepare(args) -> Path:
+    """Compile for sm_90 offline from here on; -> the folder for the files (--sass or a temporary one)."""
+    offline_sm90()
+    out = Path(args.sass or tempfile.mkdtemp())
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90") -> tuple[list[str], str]:
     """PTX of py_func for sig -> base.ptx / .cubin (/ .sass with nvdisasm on PATH); -> (ptxas's
     register / spill / warning lines, the SASS text or "")."""
@@ -58,17 +72,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format: bf16 int8 nvfp4 iso3")
     ap.add_argument("--kernels", nargs="+", default=["wg8a", "wg8s"], help="names of attention_cuda.PREFILL_KERNELS")
-    ap.add_argument("--ptxas", default=shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas")
-    ap.add_argument("--sass", default="", help="keep the .ptx / .sass files in this folder")
+    tool_args(ap)
     args = ap.parse_args()
-
-    offline_sm90()
+    out = prepare(args)
     from coldkv.numba_kernels import attention_prefill as AP
     from coldkv.numba_kernels.attention_cuda import PREFILL_KERNELS
     from coldkv.numba_kernels.quant import FORMAT_IDS
 
-    out = Path(args.sass or tempfile.mkdtemp())
-    out.mkdir(parents=True, exist_ok=True)
     for fmt in args.formats:
         f = FORMAT_IDS[fmt]
         for name in args.kernels:
