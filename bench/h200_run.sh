@@ -7,7 +7,8 @@
 # H200 at 6390c47 / a1a8206: tests ~235-260 s (7e81a48: > 330 s, 123 of 124 done), decode grid ~60 s after them, codecs ~60 s, generate
 # (4k/32k/128k) ~120 s: ~450-550 s in all, so keep it the only thing in the call.
 # A second argument "nocodecs" skips the codecs benchmark (~60 s) when its kernels did not change; a
-# third, "prefill", adds bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s) and bench/prefill_profile.py; a
+# third, "prefill", adds bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s), bench/prefill_profile.py
+# (32k, nvfp4, and 64 decode steps) and bench/layers.py (against bench/variants/layers_*.py when carried); a
 # fourth is the seconds the whole script may take (default 570). bench/wgmma_probe.py (~1-2 min: a process per case) runs
 # last, in the time left.
 set -u
@@ -37,7 +38,11 @@ left=$(( B - ($(date +%s) - S) ))
   --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
 left=$(( B - ($(date +%s) - S) ))
 [ "${3:-}" = prefill ] && [ $left -gt 45 ] && timeout $left python3 bench/prefill_profile.py --commit "$C" \
-  --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
+  --table nvfp4 --decode 64 --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
+left=$(( B - ($(date +%s) - S) ))  # the per-token kernels against a copy of their bytes (and session 16's, if carried)
+V=$(ls bench/variants/layers_*.py 2>/dev/null | head -1)
+[ "${3:-}" = prefill ] && [ $left -gt 60 ] && timeout $(( left < 120 ? left : 120 )) python3 bench/layers.py --commit "$C" \
+  ${V:+--variants old=variants.$(basename "$V" .py)} --out "$OUT/layers.json" > "$OUT/layers.log" 2>&1
 left=$(( B - ($(date +%s) - S) ))  # last: a diagnostic, one process per case (~1-2 min)
 [ $left -gt 30 ] && timeout $(( left < 150 ? left : 150 )) python3 bench/wgmma_probe.py --commit "$C" \
   --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
@@ -55,5 +60,6 @@ grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -20
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
+grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
 cp "$OUT"/*.json "$OUT/gpu_pytest_$C.log" "$FINAL_OUT"/ 2>/dev/null
 tar czf "$FINAL_OUT/logs_$C.tgz" -C "$OUT" .
