@@ -8,8 +8,9 @@ the LM head) except cuBLAS, whose contract (y (+)= bf16(x) @ bf16(w)^T in fp32) 
 keeps. A tiny random Qwen3 checkpoint (tests/tinymodel.py), a 5-token prompt and 2 decode steps;
 prints the logits' max |CUDA - CPU| and whether the greedy tokens agree. --layers runs another
 version of numba_kernels/layers.py (bench/ is on sys.path), --save keeps the logits, so two versions
-can be compared bit for bit without a GPU. Slow: a Python thread per GPU thread, ~10 min per run on
-one core (session 17: bf16 KV max |diff| 0.035 of logits up to 4.2, nvfp4 0.23 of 4.3, greedy equal).
+can be compared bit for bit without a GPU. Slow: a Python thread per GPU thread, 3-10 min a run on
+one core (session 17: max |diff| 0.035 with bf16 KV, 0.078 int8, 0.23 nvfp4, of logits up to 4.3;
+greedy tokens equal).
 """
 from __future__ import annotations
 
