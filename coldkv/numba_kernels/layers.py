@@ -249,10 +249,12 @@ def qkv_rope_append_kernel(NV: int):
             for j in range(HALF):
                 co[j] = cos[p, lane + 32 * j]
                 si[j] = sin[p, lane + 32 * j]
-        table = k_table if plane == 0 else v_table
         P = k_codes.shape[1] if plane == 0 else v_codes.shape[1]
-        lp = p // P
-        page = table[h, lp] if s >= Hq and write_pages != 0 else -1
+        lp = 0  # the page-table column: K/V rows that go into pages only (q warps skip the division)
+        page = -1
+        if s >= Hq and write_pages != 0:
+            lp = p // P
+            page = (k_table if plane == 0 else v_table)[h, lp]
         if bias.shape[0] > 0:
             for j in range(NV):
                 vals[j] += bias[s * D + lane + 32 * j]
