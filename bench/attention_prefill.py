@@ -22,7 +22,7 @@ bench/attention_decode.py does), then per row:
               causal chunk mask (lower-right aligned: causal_lower_right, enable_gqa), which is
               checked against an explicit boolean mask once at start-up.
 
-Napkin math (docs/kernels.md): attention FLOPs of the chunk = 4 T L_avg Hq D (QK^T and PV, 2 per
+Napkin math (docs/kernels_log.md, "FlashAttention-2-style variant"): attention FLOPs of the chunk = 4 T L_avg Hq D (QK^T and PV, 2 per
 multiply-add), L_avg = pos0 + (T + 1) / 2; SDPA runs them on bf16 tensor cores. The `tok` path
 decodes every key once per query token and kv head, the prefill kernels once per query block.
 """

@@ -6,7 +6,7 @@ and the SASS say about registers, spills and memory order (no GPU needed).
 Per kernel: registers, stack / spills, and with nvdisasm on PATH the SASS's global loads (LDG/LD),
 stores (STG/ST) and `loads after a store`: loads placed after some store in the SASS's static order
 (a loop's next trip is not counted). Numba arrays may alias, so neither NVVM nor ptxas moves a load
-above a store: each such load waits for the memory latency of what came before (docs/kernels.md
+above a store: each such load waits for the memory latency of what came before (docs/kernels_log.md
 "Per-token kernels, session 17"). Session 16's layers.py (05336cd): rms_norm 8 of 15 loads,
 swiglu / to_bf16 / add_bias 4; session 17's: 0 (qkv_rope_append: 1, the page's table entry).
 """

@@ -3,7 +3,7 @@
     python bench/ptxas_prefill.py --formats nvfp4 bf16 --kernels wg8a wg8s [--ptxas PATH] [--sass DIR]
 
 Per (format, kernel): registers, spills and ptxas's wgmma warnings (C7511-C7518: "wgmma.mma_async
-instructions are serialized due to ..."; docs/kernels.md "Prefill, session 16"), and with
+instructions are serialized due to ..."; docs/kernels_log.md "Prefill, session 16"), and with
 nvdisasm on PATH the SASS counts of HGMMA / WARPGROUP.DEPBAR (a serialized kernel has one DEPBAR
 per HGMMA). The kernel is the device-position build at head_dim 128, G 2, as the backend runs it.
 Check every change to the wgmma kernels with it: ptxas serializes silently otherwise.

@@ -1,7 +1,7 @@
 """Does a Numba kernel run Hopper's warpgroup MMA? A probe for the prefill kernel's next step.
 
 The fa prefill kernel uses mma.sync (m16n8k16, one warp); at 32k tokens it reaches ~230 TFLOP/s
-and takes longer than HF's whole prefill (docs/kernels.md, "Prefill, session 11"). FA3 gets its
+and takes longer than HF's whole prefill (docs/kernels_log.md, "Prefill, session 11"). FA3 gets its
 speed from wgmma.mma_async (a warpgroup of 4 warps, B and optionally A read from shared memory
 through 64-bit descriptors, asynchronous), which needs the sm_90a target. numba-cuda 0.30
 compiles for `sm_90a` on an H200 (numba/cuda/codegen.py `_ensure_cc`), so the instruction is

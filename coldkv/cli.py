@@ -82,8 +82,8 @@ def generate(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead "
                                            "of streaming.")] = False,
     prefill_chunk: Annotated[Optional[int], typer.Option(
-        "--prefill-chunk", min=1, help="Prompt tokens per prefill step (default: 512 on the CPU, 2048 on CUDA; "
-        "CUDA caps it at 2048).")] = None,
+        "--prefill-chunk", min=1, help="Prompt tokens per prefill step (default: 512 on the CPU; on CUDA 2048-8192, "
+        "picked so one step fills the GPU, which is also the most it takes).")] = None,
     threads: Annotated[int, typer.Option("--threads", min=0, help="CPU backend: BLAS threads (0 = the BLAS "
                                          "default; 1 is often fastest on small or busy machines).")] = 0,
 ) -> None:

@@ -415,7 +415,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     are then merged with fixed weights exp2(m - max): _RED_UNROLL splits' loads are issued before
     any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
     over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
-    was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels.md.)"""
+    was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels_log.md, "Decode, session 12".)"""
     T, Hq, D = out.shape
     r = cuda.blockIdx.x
     t = r // Hq
@@ -621,7 +621,7 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0,
 
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
 # "wg8pp": the two warpgroups take turns on the tensor cores (named barriers; measured no faster
-# end to end, docs/kernels.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
+# end to end, docs/kernels_log.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
 # decode and barrier (session 15). "wg8s": wg8a with Q in shared memory and S of the next tile
 # issued before this tile's softmax (session 16). auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False}

@@ -8,7 +8,7 @@ warps of a block share double-buffered K/V tiles in shared memory, FlashAttentio
 mma.sync), or on Hopper's warpgroup MMAs ("wg", wgmma, sm_90a). Same operand decoding, scale
 handling, online softmax, split plan and workspace as the decode kernel; docs/kernels.md has the
 layouts and what was measured. (The per-warp "rows" and block-shared "smem" variants lost to "fa"
-at every measured context and were removed in session 13; docs/kernels.md keeps their history.)
+at every measured context and were removed in session 13; docs/kernels_log.md keeps their history.)
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     triple-buffered and brought in two tiles ahead, and S of tile i + 1 is issued after the
     rescale of tile i's O, into a second accumulator, so the tensor cores run it under that
     softmax's exponentials; it is retired right after O += P V is issued, and the wait at the top
-    of each tile covers that O += P V (docs/kernels.md "Prefill, session 16" lists what ptxas
+    of each tile covers that O += P V (docs/kernels_log.md "Prefill, session 16" lists what ptxas
     needed not to serialize the wgmmas). chb: keys per tile (default 4096 / D, wg 8192 / D, also
     its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
     while their simulator case passed)."""

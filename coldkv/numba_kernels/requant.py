@@ -3,7 +3,7 @@
 
 Same spec as quant.ref_requantize / quant.requant_c4g64_cpu, bit for bit. One kernel per source
 format (`requant_c4g64_cuda`, built by `_make_requant`), launched by `launch_requant_c4g64`.
-Measurements and the design history are in docs/kernels.md ("Codec kernels", sessions 8, 9, 14);
+Measurements and the design history are in docs/kernels_log.md ("Codec kernels", sessions 8, 9, 14);
 the scalar cores, inline-PTX primitives and launch helpers it shares with append / dequant live in
 quant.py.
 """
@@ -560,7 +560,7 @@ def _make_requant(F):
     instead of once per 32, and has no barrier (ncu at 0f97dd9: that overhead was ~540 of ~880
     instructions per thread and page from nvfp4, a block per page). Pass 2 is a loop, not
     unrolled, and groups holding a non-finite value take one out-of-line path (_rq_amax_slow), so
-    the hot code stays small (unrolled it stalled on instruction fetch; docs/kernels.md).
+    the hot code stays small (unrolled it stalled on instruction fetch; docs/kernels_log.md, "Codec kernels, session 9").
     4-bit sources: steps s / g come from the warp's shared table of the 128 positive
     E4M3 steps (4 IEEE divisions per lane and page instead of 4 per unit). The output code is a
     function of the source code magnitude within a (source group, output group) pair: an 8-byte
