@@ -459,6 +459,11 @@ def main():
             pass
     meta["shapes"] = {"heads": args.heads, "head_dim": args.head_dim, "page_tokens": args.page_tokens,
                       "working_set_GiB": args.gib, "repeats": args.repeats, "rounds": args.rounds}
+    if not args.out and (args.small or meta["simulator"]):
+        # a smoke run's timings are not measurements: keep bench/results/codecs.json for real ones
+        run_gpu(args, lambda res: None)
+        print("smoke run: no file written (pass --out to keep one)")
+        return
     out = Path(args.out or ROOT / "bench/results/codecs.json")
     run_gpu(args, lambda res: save(out, {**meta, **res}))
 

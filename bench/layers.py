@@ -16,7 +16,8 @@ Per op: median us per launch over the rounds, bytes moved (unique bytes read + w
 math in `bytes_moved`), GB/s, and `of_copy` = copy time / op time (1.0: as fast as moving its
 bytes). Repeated launches find their inputs in L2 when they fit (50 MB on an H200), as a prefill
 chunk's kernels do after the GEMM that wrote them; the copy of the same bytes does too.
-Writes bench/results/layers.json (or --out) with the command, shapes, device, versions, commit.
+Writes bench/results/layers.json (or --out; under the simulator only --out) with the command, shapes,
+device, versions, commit.
 Session 16's prefill profile (32k, nvfp4) had qkv_rope_append at ~90 us a call against ~18 us of
 bytes, swiglu 41, rms_norm 14, to_bf16 12, kv_amax 55 (bench/results/logs/prefill_profile_nvfp4_59436ef.json).
 For the A/B against the kernels before session 17: `git show 05336cd:coldkv/numba_kernels/layers.py >
@@ -164,7 +165,8 @@ def main() -> None:
                     "rounds (bench/ is on sys.path: variants.layers_X)")
     ap.add_argument("--small", action="store_true", help="4 rows, 1 round (smoke test; the simulator)")
     ap.add_argument("--commit", default="")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "layers.json")
+    ap.add_argument("--out", type=Path, help="default: bench/results/layers.json on a GPU; under the simulator "
+                    "nothing is written unless asked (its timings are not measurements)")
     args = ap.parse_args()
     if args.small:
         args.tokens, args.rounds, args.repeats = 4, 1, 1
@@ -235,6 +237,11 @@ def main() -> None:
     if not SIM:
         d = cuda.get_current_device()
         meta["device"] = d.name.decode() if isinstance(d.name, bytes) else str(d.name)
+    if args.out is None:
+        if SIM:
+            print("simulator: no file written (pass --out to keep one)")
+            return
+        args.out = ROOT / "bench" / "results" / "layers.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**meta, "results": results}, indent=1) + "\n")
     print(f"wrote {args.out}")
