@@ -85,3 +85,19 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
         smi.kill()
         return {"error": f"{type(exc).__name__}: {exc}"}
     return parse_smi(out.splitlines(), start, end)
+
+
+def layers_today(m):
+    """An older numba_kernels/layers.py behind today's launcher API, for A/Bs against it: before
+    fp16 checkpoints (session 18) the launchers took no f16= and the attention output's rounding
+    was launch_to_bf16. A module that has today's API is returned as it is."""
+    import types
+
+    if hasattr(m, "launch_round16"):
+        return m
+    shim = types.SimpleNamespace(**vars(m))
+    shim.__name__ = m.__name__
+    shim.launch_round16 = lambda x, out, stream, f16=False: m.launch_to_bf16(x, out, stream)
+    for name in ("launch_embed", "launch_rms_norm", "launch_swiglu"):
+        setattr(shim, name, lambda *args, f16=False, fn=getattr(m, name): fn(*args))
+    return shim

@@ -8,9 +8,10 @@ same bytes, validate first (llm.c style). No GPU is needed for --small (the simu
 
 Each op runs at a prefill chunk's shapes (--model's config.json, --tokens rows): rms_norm over the
 hidden size, qkv_rope_append into K/V pages of each --formats table (and its calibration pass,
-`qkv_calib`, writing fp32 K/V instead) and the 4-bit scales' calibration from those (`kv_gscale`), swiglu over the MLP's gate|up, to_bf16 of the attention
-output. A round captures --repeats launches of each op into a CUDA graph (a Numba launch costs
-20-50 us of Python, longer than most of these kernels) and times one replay with CUDA events; the
+`qkv_calib`, writing fp32 K/V instead) and the 4-bit scales' calibration from those (`kv_gscale`),
+swiglu over the MLP's gate|up, round16 (the bf16 rounding) of the attention output. A round
+captures --repeats launches of each op into a CUDA graph (a Numba launch costs 20-50 us of
+Python, longer than most of these kernels) and times one replay with CUDA events; the
 copy kernel (bench/codecs.py's copy_v4) of the op's bytes runs the same way in the same round.
 Per op: median us per launch over the rounds, bytes moved (unique bytes read + written, napkin
 math in `bytes_moved`), GB/s, and `of_copy` = copy time / op time (1.0: as fast as moving its
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import git_commit, layers_today  # noqa: E402
 
 SIM = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
 
@@ -97,7 +98,7 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
         "rms_norm": (lambda m, st: m.launch_rms_norm(x, w, eps, h16, st), lambda: [h16.copy_to_host()],
                      T * dim * (4 + 2)),
         "swiglu": (lambda m, st: m.launch_swiglu(gu, act, st), lambda: [act.copy_to_host()], T * inter * (8 + 2)),
-        "to_bf16": (lambda m, st: m.launch_to_bf16(o, o16, st), lambda: [o16.copy_to_host()], T * nq * hd * (4 + 2)),
+        "round16": (lambda m, st: m.launch_round16(o, o16, st), lambda: [o16.copy_to_host()], T * nq * hd * (4 + 2)),
     }
     kv_in = dev(rng.standard_normal((2, T, nkv, hd)).astype(f32))
     two_level, g_out, parts = dev(np.ones(2, np.int32)), cuda.device_array((2, nkv), f32), {}
@@ -174,7 +175,7 @@ def main() -> None:
     mods = {"main": L}
     for spec in filter(None, args.variants.split(",")):
         name, _, path = spec.partition("=")
-        mods[name] = importlib.import_module(path)
+        mods[name] = layers_today(importlib.import_module(path))
     rng = np.random.default_rng(0)
     ops = make_ops(a, args.tokens, args.formats, args.page_tokens, rng)
     stream = cuda.stream()

@@ -8,7 +8,9 @@ stores (STG/ST) and `loads after a store`: loads placed after some store in the 
 (a loop's next trip is not counted). Numba arrays may alias, so neither NVVM nor ptxas moves a load
 above a store: each such load waits for the memory latency of what came before (docs/kernels_log.md
 "Per-token kernels, session 17"). Session 16's layers.py (05336cd): rms_norm 8 of 15 loads,
-swiglu / to_bf16 / add_bias 4; session 17's: 0 (qkv_rope_append: 1, the page's table entry).
+swiglu / to_bf16 / add_bias 4; session 17's: 0, except qkv_rope_append's page-table entry (1) and
+the bf16 embed (8: LLVM unrolls its strided loop, so the next trips' loads follow this trip's
+stores; a 384-wide row is one trip).
 """
 from __future__ import annotations
 

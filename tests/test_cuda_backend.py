@@ -48,10 +48,10 @@ def _teacher_forced(backend, table, seq, n_prompt):
     return np.stack(out)
 
 
-def _hf(d, seq, n_prompt):
-    """HF logits at the same rows in float32 and in bf16 (CUDA, SDPA)."""
+def _hf(d, seq, n_prompt, low=None):
+    """HF logits at the same rows in float32 and in `low` (default bf16; CUDA, SDPA)."""
     out = []
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, low or torch.bfloat16):
         m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype, attn_implementation="sdpa")
         with torch.no_grad():
             lg = m.cuda().eval()(torch.tensor([seq]).cuda()).logits[0, n_prompt - 1:-1]
@@ -128,14 +128,18 @@ def test_bundled_matches_hf_on_cuda(bundled):
     assert n >= len(lg) // 2
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen2"])
-def test_random_checkpoints_match_cpu_and_hf(tmp_path, arch):
-    d = make_checkpoint(tmp_path / arch, arch, bf16=True, hidden=128, heads=4, kv_heads=2, head_dim=64,
-                        layers=2, intermediate=192)
+@pytest.mark.parametrize("arch, dtype", [("qwen3", "bf16"), ("llama", "bf16"), ("qwen2", "bf16"), ("qwen3", "f16"),
+                                         ("qwen2", "f16")])
+def test_random_checkpoints_match_cpu_and_hf(tmp_path, arch, dtype):
+    """bf16 checkpoints against HF in bf16; fp16 ones (which the CUDA backend runs on fp16 GEMMs)
+    against HF in fp16."""
+    d = make_checkpoint(tmp_path / arch, arch, bf16=dtype == "bf16", f16=dtype == "f16", hidden=128, heads=4,
+                        kv_heads=2, head_dim=64, layers=2, intermediate=192)
     cpu, gpu = CPUBackend(d), _cuda(d)
+    assert gpu.f16 == (dtype == "f16")
     seq = [int(t) for t in np.random.default_rng(3).integers(0, 320, 150)]  # 3 pages; 20 decode steps
     n_prompt = 130
-    hf32, hf16 = _hf(d, seq, n_prompt)
+    hf32, hf16 = _hf(d, seq, n_prompt, torch.float16 if dtype == "f16" else None)
     e_ref = _maxdiff(hf16, hf32)
     cpu_bf16 = None
     for name in TABLES:
@@ -143,7 +147,7 @@ def test_random_checkpoints_match_cpu_and_hf(tmp_path, arch):
         lc, lg = _teacher_forced(cpu, table, seq, n_prompt), _teacher_forced(gpu, table, seq, n_prompt)
         cpu_bf16 = lc if cpu_bf16 is None else cpu_bf16
         diff, own = _maxdiff(lc, lg), _maxdiff(lc, cpu_bf16)
-        msg = f"\n{arch} {name}: CUDA-CPU {diff:.3g}, table vs bf16 on the CPU {own:.3g}, e_ref {e_ref:.3g}"
+        msg = f"\n{arch} ({dtype}) {name}: CUDA-CPU {diff:.3g}, table vs bf16 on the CPU {own:.3g}, e_ref {e_ref:.3g}"
         if name == "bf16":
             hf_diff = _maxdiff(lg, hf32)
             msg += f", CUDA-HF32 {hf_diff:.3g}, argmax compared at {_argmax_agree(hf32, lg, hf_diff)}/{len(lg)}"

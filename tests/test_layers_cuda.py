@@ -7,40 +7,46 @@ from numba import cuda
 
 from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.fp import global_scale_for
-from coldkv.numba_kernels.quant import FORMAT_IDS, append_cpu, pool_arrays, ref_bf16_decode, ref_bf16_encode
+from coldkv.numba_kernels.quant import FORMAT_IDS, append_cpu, pool_arrays
 
 S = cuda.default_stream()
 rng = np.random.default_rng(0)
 
 
-def _bf16_close(got_bits, ref_bits):
-    """Within one bf16 rounding step: the kernel sums in float32, the reference in float64, so a
-    value on a rounding boundary may go either way; everything else must be identical."""
-    got, ref = ref_bf16_decode(got_bits), ref_bf16_decode(ref_bits)
-    assert np.all(np.abs(got - ref) <= np.abs(ref) * 2.0**-7 + 1e-30)
+def _close16(got_bits, ref_bits, f16=False):
+    """Within one rounding step of the 16-bit type (bf16 8 significant bits, fp16 11): the kernel
+    sums in float32, the reference in float64, so a value on a rounding boundary may go either way;
+    everything else must be identical."""
+    got, ref = L.ref_decode16(got_bits, f16), L.ref_decode16(ref_bits, f16)
+    assert np.all(np.abs(got - ref) <= np.abs(ref) * (2.0**-10 if f16 else 2.0**-7) + 1e-30)
     assert np.mean(got_bits == ref_bits) > 0.97
 
 
+F16 = pytest.mark.parametrize("f16", [False, True], ids=["bf16", "fp16"])  # the checkpoint's 16-bit type
+
+
+@F16
 @pytest.mark.parametrize("dim", [96, 1100])  # 1100: a thread's 4 values a step over 3 steps, the last partial
-def test_embed_exact(dim):
+def test_embed_exact(dim, f16):
     table = rng.integers(0, 2**16, (50, dim)).astype(np.uint16)
-    table[(table & 0x7F80) == 0x7F80] = 0  # no NaN/inf bit patterns
+    table[(table & (0x7C00 if f16 else 0x7F80)) == (0x7C00 if f16 else 0x7F80)] = 0  # no NaN/inf bit patterns
     tokens = np.array([3, 49, 0, 3], np.int32)
     x = cuda.device_array((4, dim), np.float32)
-    L.launch_embed(cuda.to_device(tokens), cuda.to_device(table), x, S)
-    np.testing.assert_array_equal(x.copy_to_host(), L.embed_ref(tokens, table))
+    L.launch_embed(cuda.to_device(tokens), cuda.to_device(table), x, S, f16=f16)
+    np.testing.assert_array_equal(x.copy_to_host(), L.embed_ref(tokens, table, f16))
 
 
+@F16
 @pytest.mark.parametrize("T, n", [(5, 200), (3, 384), (5, 1000), (2, 5000)])
-def test_rms_norm(T, n):
+def test_rms_norm(T, n, f16):
     """Rows held by one warp (n 200 / 384: 7 and 12 values a lane), by two warps (1000) and by 512
     threads (5000), their sums of squares met in shared memory; T not a multiple of a block's rows."""
     assert [L.rms_norm_shape(k)[0] for k in (200, 384, 1000, 5000)] == [32, 32, 64, 512]
     x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
     w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
     out = cuda.device_array((T, n), np.uint16)
-    L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S)
-    _bf16_close(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6))
+    L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S, f16=f16)
+    _close16(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6, f16), f16)
 
 
 def test_rms_norm_refuses_rows_it_cannot_hold():
@@ -57,15 +63,17 @@ def test_rms_norm_refuses_rows_it_cannot_hold():
         CUDABackend(coldkv.DEFAULT_MODEL, args=args)
 
 
-def test_swiglu_and_to_bf16():
+@F16
+def test_swiglu_and_round16(f16):
     gu = (rng.standard_normal((3, 2 * 300)) * 4).astype(np.float32)  # 300: two column blocks, one part
     out = cuda.device_array((3, 300), np.uint16)
-    L.launch_swiglu(cuda.to_device(gu), out, S)
-    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
+    _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
     x = rng.standard_normal(300).astype(np.float32)
+    x[:3] = 70000.0, -1e-7, 3e-5  # fp16: overflow to inf, a subnormal
     out = cuda.device_array(300, np.uint16)
-    L.launch_to_bf16(cuda.to_device(x), out, S)
-    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+    L.launch_round16(cuda.to_device(x), out, S, f16=f16)
+    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
     y = rng.standard_normal((2, 300)).astype(np.float32)
     b = rng.standard_normal(300).astype(np.float32)
     dy = cuda.to_device(y)
@@ -73,14 +81,15 @@ def test_swiglu_and_to_bf16():
     np.testing.assert_array_equal(dy.copy_to_host(), y + b)
 
 
-def test_elementwise_kernels_stride_over_rows():
+@F16
+def test_elementwise_kernels_stride_over_rows(f16):
     """Grids smaller than the work: each thread's loop takes ROWS_IN_FLIGHT rows (values) a step,
     over several steps, with a partial last step."""
     T, n = 19, 40  # 2 row blocks x 4 rows a step: 3 steps, the last one partial
     gu = (rng.standard_normal((T, 2 * n)) * 4).astype(np.float32)
     out = cuda.device_array((T, n), np.uint16)
-    L.swiglu_kernel[(1, 2), 64](cuda.to_device(gu), out)
-    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    L.swiglu_kernel(f16)[(1, 2), 64](cuda.to_device(gu), out)
+    _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
     y = rng.standard_normal((T, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     dy = cuda.to_device(y)
@@ -88,8 +97,8 @@ def test_elementwise_kernels_stride_over_rows():
     np.testing.assert_array_equal(dy.copy_to_host(), y + b)
     x = rng.standard_normal(301).astype(np.float32)  # 1 block x 32 threads: 128 values a step
     out = cuda.device_array(301, np.uint16)
-    L.to_bf16_kernel[1, 32](cuda.to_device(x), out)
-    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+    L.round16_kernel(f16)[1, 32](cuda.to_device(x), out)
+    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
 
 
 def _rope_tables(n, D):
@@ -155,24 +164,25 @@ def test_gpu_qkv_rope_append_chunk(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
 
 
 @pytest.mark.gpu
-def test_gpu_row_kernels_chunk():
+@F16
+def test_gpu_row_kernels_chunk(f16):
     """The row kernels on the device at a chunk's shapes, with the launchers' strided grids: rms_norm
     over the bundled model's rows (384) and wide ones (4096: 256 threads a row; 5000: 512), swiglu
-    and to_bf16 over 8192 rows, the calibration over 8192 tokens."""
+    and round16 over 8192 rows, the calibration over 8192 tokens."""
     for T, n in ((8192, 384), (1000, 4096), (37, 5000)):
         x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
         w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
         out = cuda.device_array((T, n), np.uint16)
-        L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S)
-        _bf16_close(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6))
+        L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S, f16=f16)
+        _close16(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6, f16), f16)
     gu = (rng.standard_normal((8192, 2 * 1024)) * 4).astype(np.float32)
     out = cuda.device_array((8192, 1024), np.uint16)
-    L.launch_swiglu(cuda.to_device(gu), out, S)
-    _bf16_close(out.copy_to_host(), L.swiglu_ref(gu))
+    L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
+    _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
     x = rng.standard_normal(8192 * 512 + 3).astype(np.float32)
     out = cuda.device_array(x.size, np.uint16)
-    L.launch_to_bf16(cuda.to_device(x), out, S)
-    np.testing.assert_array_equal(out.copy_to_host(), ref_bf16_encode(x))
+    L.launch_round16(cuda.to_device(x), out, S, f16=f16)
+    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
     kv = rng.standard_normal((2, 8192, 2, 128)).astype(np.float32)
     kv[1, 5000, 1, 17] = 40.0
     g = cuda.device_array((2, 2), np.float32)

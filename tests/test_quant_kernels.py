@@ -58,6 +58,9 @@ def _cores(v, b8, h16, out):
         out[4, i] = fp.f32_bits(fp.e2m1_dec(b8[i] & 15))
     for i in range(h16.size):
         out[5, i] = fp.f32_bits(fp.bf16_dec(h16[i]))
+        out[7, i] = fp.f32_bits(fp.f16_dec(h16[i]))
+    for i in range(v.size):
+        out[6, i] = fp.f16_enc(v[i])
 
 
 def test_scalar_cores_njit_and_python_match_reference():
@@ -66,12 +69,16 @@ def test_scalar_cores_njit_and_python_match_reference():
         (rng.standard_normal(20000) * np.exp2(rng.uniform(-16, 10, 20000))),
         Q.ref_e4m3_decode(np.arange(127, dtype=np.uint8)),  # every E4M3 value
         [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 448.0, 464.0, 1e30, -0.0, 0.0],
+        # fp16's edges: the largest half, the tie above it, the smallest normal / subnormal and
+        # their halves, every half value itself (exact)
+        [65504.0, 65520.0, 65519.996, 65536.0, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -26],
+        np.arange(0, 0x7C00, 3, dtype=np.uint16).view(np.float16).astype(np.float32),
     ]).astype(np.float32)
     v = np.concatenate([v, np.nextafter(v, np.float32(np.inf)), np.nextafter(v, np.float32(-np.inf)), -v])
     v = v[np.isfinite(v)].astype(np.float32)
     b8 = np.arange(256, dtype=np.uint8)
     h16 = np.arange(0, 65536, 7, dtype=np.uint16)
-    out = np.zeros((6, v.size), np.int64)
+    out = np.zeros((8, v.size), np.int64)
     _cores(v, b8, h16, out)
     np.testing.assert_array_equal(out[0], Q.ref_e4m3_encode(v))
     np.testing.assert_array_equal(out[1], Q.ref_e2m1_encode(np.clip(v, -6, 6)))
@@ -82,10 +89,19 @@ def test_scalar_cores_njit_and_python_match_reference():
     assert np.isnan(out[3, :256][~ok].astype(np.uint32).view(np.float32)).all()
     np.testing.assert_array_equal(out[4, :256], bits(Q.ref_e2m1_decode(b8 & 15)))
     np.testing.assert_array_equal(out[5, :h16.size], bits(Q.ref_bf16_decode(h16)))
+    # fp16 against numpy's own conversions (RNE, overflow to inf, subnormals)
+    with np.errstate(over="ignore"):  # overflow to inf is what is being checked
+        np.testing.assert_array_equal(out[6], v.astype(np.float16).view(np.uint16))
+    f16 = h16.view(np.float16).astype(np.float32)
+    ok = ~np.isnan(f16)
+    np.testing.assert_array_equal(out[7, :h16.size][ok], bits(f16)[ok])
+    assert np.isnan(out[7, :h16.size][~ok].astype(np.uint32).view(np.float32)).all()
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf], np.float32)
+    assert [fp.f16_enc(x) for x in special] == list(special.astype(np.float16).view(np.uint16))
     # the same cores as plain Python (what the CUDA simulator runs)
     for i in range(0, v.size, 97):
         assert fp.e4m3_enc(v[i]) == out[0, i] and fp.e2m1_enc(v[i]) == out[1, i]
-        assert fp.bf16_enc(v[i]) == out[2, i]
+        assert fp.bf16_enc(v[i]) == out[2, i] and fp.f16_enc(v[i]) == out[6, i]
 
 
 # ------------------------------------------------------------------------------ njit CPU

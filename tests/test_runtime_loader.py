@@ -126,6 +126,32 @@ def test_sharded_bf16_equals_single(tmp_path):
     assert a.layers[0].bqkv is not None
 
 
+def test_gemm_dtypes_keep_fp16_checkpoints_as_stored(tmp_path):
+    """The CUDA backend's weights: an fp16 checkpoint's matrices as its own bits ("f16"), a bf16
+    one's as its own ("bf16"); vectors float32 either way; rounding to fp16 refuses overflow."""
+    from coldkv.runtime.loader import checkpoint_dtype
+
+    f16 = make_checkpoint(tmp_path / "f16", "qwen2", f16=True)
+    b16 = make_checkpoint(tmp_path / "b16", "qwen2", bf16=True)
+    assert (checkpoint_dtype(f16), checkpoint_dtype(b16)) == ("F16", "BF16")
+    ref = load_weights(f16, load_args(f16))  # float32, exact widening
+    w = load_weights(f16, load_args(f16), dtype="f16")
+    np.testing.assert_array_equal(w.layers[1].wqkv.view(np.float16).astype(np.float32), ref.layers[1].wqkv)
+    np.testing.assert_array_equal(w.embed.view(np.float16).astype(np.float32), ref.embed)
+    assert w.layers[1].wqkv.dtype == np.uint16 and w.layers[0].bqkv.dtype == np.float32
+    np.testing.assert_array_equal(w.layers[0].bqkv, ref.layers[0].bqkv)
+    wb = load_weights(b16, load_args(b16), dtype="bf16")
+    np.testing.assert_array_equal(bf16_bits_to_f32(wb.layers[0].w_down), load_weights(b16, load_args(b16)).layers[0].w_down)
+    big = {n: t.copy() for n, t in [("model.embed_tokens.weight", np.full((4, 2), 70000.0, np.float32))]}
+    save_file(big, tmp_path / "big.safetensors")
+    f = SafetensorsFile(tmp_path / "big.safetensors")
+    with pytest.raises(ModelLoadError, match="beyond fp16's range"):
+        f.get_f16("model.embed_tokens.weight")
+    f.close()
+    with pytest.raises(ValueError, match="dtype"):
+        load_weights(f16, load_args(f16), dtype="fp8")
+
+
 def test_missing_shard_and_tensor(tmp_path):
     d = make_checkpoint(tmp_path / "m", "llama", shards=2)
     (d / "model-00002-of-00002.safetensors").unlink()

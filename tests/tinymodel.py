@@ -119,13 +119,17 @@ def write_tokenizer(path: Path, vocab_size: int = 320, bos: bool = False) -> Non
     (Path(path) / "tokenizer.json").write_text(tokenizer_json(vocab_size, bos))
 
 
-def make_checkpoint(path: Path, arch: str = "qwen3", *, seed: int = 0, bf16: bool = False, shards: int = 1,
-                    generation_eos: list[int] | None = None, **config_kw) -> Path:
-    """Write a tiny checkpoint into `path` (created); returns it."""
+def make_checkpoint(path: Path, arch: str = "qwen3", *, seed: int = 0, bf16: bool = False, f16: bool = False,
+                    shards: int = 1, generation_eos: list[int] | None = None, **config_kw) -> Path:
+    """Write a tiny checkpoint into `path` (created); returns it. Tensors are F32, or BF16 (bf16) or
+    F16 (f16) as HF's save_pretrained writes them for that dtype."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = tiny_config(arch, **config_kw)
     tensors = random_weights(cfg, seed)
+    if f16:
+        tensors = {n: t.astype(np.float16) for n, t in tensors.items()}
+        cfg["torch_dtype"] = "float16"
     (path / "config.json").write_text(json.dumps(cfg, indent=1))
     if shards == 1:
         save_file(tensors, path / "model.safetensors", bf16=bf16)

@@ -1,4 +1,4 @@
-"""Scalar cores for E2M1, E4M3, bf16 and the 3-bit ISO3 magnitude, written once.
+"""Scalar cores for E2M1, E4M3, bf16, fp16 and the 3-bit ISO3 magnitude, written once.
 
 Every function here is plain Python decorated with `register_jitable`, so the same source runs
   - as Python (the CUDA simulator, debugging),
@@ -119,6 +119,40 @@ def bf16_enc(v):
 def bf16_dec(h):
     """bf16 bits -> float32 (exact)."""
     return bits_f32((np.int64(h) & 0xFFFF) << 16)
+
+
+# ---------------------------------------------------------------------------------- fp16
+@register_jitable
+def f16_enc(v):
+    """float32 -> IEEE half bits (0..65535), round to nearest even, overflow to inf, subnormals
+    kept; NaN -> the quiet NaN 0x7E00 with its sign (what numpy's astype(float16) gives a float32
+    quiet NaN without payload). For the GEMM inputs of fp16 checkpoints (layers.py)."""
+    b = f32_bits(v)
+    s = (b >> 16) & 0x8000
+    a = b & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return s | 0x7E00
+    if a >= 0x477FF000:  # >= 65520 (the tie between 65504 and 2^16 goes up): inf
+        return s | 0x7C00
+    if a >= 0x38800000:  # a normal half: rebias the exponent (127 -> 15), round off 13 bits
+        return s | ((a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13)
+    # a subnormal half (or zero): units of 2^-24, exact scaling, rounded by the magic add; 1024 is
+    # the smallest normal's bits, so a carry out of the subnormals is right as it is
+    return s | rne_small(bits_f32(a) * np.float32(16777216.0))
+
+
+@register_jitable
+def f16_dec(h):
+    """IEEE half bits -> float32 (exact)."""
+    h = np.int64(h) & 0xFFFF
+    s = (h & 0x8000) << 16
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        return bits_f32(s | f32_bits(np.float32(m) * np.float32(5.960464477539063e-08)))  # m 2^-24
+    if e == 31:
+        return bits_f32(s | 0x7F800000 | (m << 13))
+    return bits_f32(s | ((e + 112) << 23) | (m << 13))
 
 
 # ---------------------------------------------------------------------------------- ISO3, int8

@@ -1,24 +1,26 @@
 """The per-token kernels of the CUDA forward pass, each beside its numpy reference.
 
 Dtypes: the residual stream, GEMM outputs, q and attention outputs are float32; a row that feeds a
-GEMM is rounded once to bf16 (uint16 bits, round to nearest even) because cuBLAS reads bf16 x bf16
-(fp32 accumulate) against the checkpoint's bf16 weights. Norm weights are float32.
+GEMM is rounded once to the checkpoint's 16-bit type (uint16 bits, round to nearest even): bf16,
+or fp16 for an fp16 checkpoint (F16 = True), because cuBLAS multiplies 16-bit x 16-bit (fp32
+accumulate) against the weights as stored. Norm weights are float32. "16(...)" below is that rounding.
 
-  embed_kernel          x[t] = bf16 row tokens[t] of the table                  [T, dim] f32
-  rms_norm_kernel(R, VPL)  h = bf16(x / rms(x) * w)                             [T, dim] u16
+  embed_kernel(F16)     x[t] = row tokens[t] of the 16-bit table                [T, dim] f32
+  rms_norm_kernel(R, VPL, F16)  h = 16(x / rms(x) * w)                          [T, dim] u16
   qkv_rope_append_kernel(NV)  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
                         K/V quantized straight into the layer's pages (write_pages=1), or
                         written as fp32 to kv_out (the first chunk, for the 4-bit scales)
   kv_amax_kernel, kv_gscale_kernel  second-level scale of each (K/V, head) from a chunk's
                         max |x| (maxima of token slices, then one per (K/V, head))
-  swiglu_kernel         a = bf16(silu(gate) * up)                               [T, inter] u16
-  to_bf16_kernel, add_bias_kernel
+  swiglu_kernel(F16)    a = 16(silu(gate) * up)                                 [T, inter] u16
+  round16_kernel(F16)   o16 = 16(o)                                             [n] u16
+  add_bias_kernel
 Builders (name(constants)) return a kernel compiled for a row length, so that its per-thread values
 stay in registers and every loop over them unrolls. Every kernel loads what it needs before its
 first store: Numba arrays may alias, so no load is moved above a store, and a load after a store
 costs a whole memory latency.
 The references (`*_ref`) are the spec the tests hold the kernels to; the CPU model
-(runtime/model.py) computes the same math in float32 without the bf16 roundings.
+(runtime/model.py) computes the same math in float32 without the 16-bit roundings.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, global_scale_for, int8_enc
+from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, f16_dec, f16_enc, global_scale_for, int8_enc
 from coldkv.numba_kernels.quant import (BF16, INT8, abs_or_inf, encode_pair, group_mult, group_scale,
                                         int8_row_scale, ref_bf16_decode, ref_bf16_encode)
 
@@ -44,10 +46,22 @@ GSCALE_SLICES = 512  # token slices per (K/V, head) whose maxima kv_amax_kernel 
 
 
 # ==================================================================================== references
-def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x [T, n] f32, w [n] f32 -> bf16 bits [T, n] of x / sqrt(mean(x^2) + eps) * w."""
+def ref_encode16(x: np.ndarray, f16: bool = False) -> np.ndarray:
+    """float32 -> bf16 (or IEEE half when f16) bits, round to nearest even."""
+    if f16:
+        with np.errstate(over="ignore"):  # overflow to inf, as the kernels do
+            return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
+    return ref_bf16_encode(x)
+
+
+def ref_decode16(h: np.ndarray, f16: bool = False) -> np.ndarray:
+    return np.asarray(h, np.uint16).view(np.float16).astype(np.float32) if f16 else ref_bf16_decode(h)
+
+
+def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float, f16: bool = False) -> np.ndarray:
+    """x [T, n] f32, w [n] f32 -> 16-bit bits [T, n] of x / sqrt(mean(x^2) + eps) * w."""
     var = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-    return ref_bf16_encode((x / np.sqrt(var + eps) * w).astype(np.float32))
+    return ref_encode16((x / np.sqrt(var + eps) * w).astype(np.float32), f16)
 
 
 def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq: int, nkv: int):
@@ -69,32 +83,38 @@ def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq:
     return rope(q).astype(np.float32), rope(k).astype(np.float32), v.astype(np.float32)
 
 
-def swiglu_ref(gu: np.ndarray) -> np.ndarray:
-    """gu [T, 2 I] f32 (gate | up) -> bf16 bits [T, I] of silu(gate) * up."""
+def swiglu_ref(gu: np.ndarray, f16: bool = False) -> np.ndarray:
+    """gu [T, 2 I] f32 (gate | up) -> 16-bit bits [T, I] of silu(gate) * up."""
     n = gu.shape[1] // 2
     g = gu[:, :n].astype(np.float64)
-    return ref_bf16_encode((g / (1 + np.exp(-g)) * gu[:, n:]).astype(np.float32))
+    return ref_encode16((g / (1 + np.exp(-g)) * gu[:, n:]).astype(np.float32), f16)
 
 
-def embed_ref(tokens: np.ndarray, table16: np.ndarray) -> np.ndarray:
-    return ref_bf16_decode(table16[tokens])
+def embed_ref(tokens: np.ndarray, table16: np.ndarray, f16: bool = False) -> np.ndarray:
+    return ref_decode16(table16[tokens], f16)
 
 
 # ==================================================================================== kernels
-@cuda.jit
-def embed_kernel(tokens, table, x):
-    """x [T, dim] f32 = bf16 rows tokens[t] of table [V, dim] u16; a block per token,
-    ROWS_IN_FLIGHT values a thread loaded before it stores."""
-    t = cuda.blockIdx.x
-    tok = tokens[t]
-    n, bd = x.shape[1], cuda.blockDim.x
-    v = cuda.local.array(ROWS_IN_FLIGHT, np.uint16)
-    for c in range(cuda.threadIdx.x, n, ROWS_IN_FLIGHT * bd):
-        for k in range(ROWS_IN_FLIGHT):
-            v[k] = table[tok, c + k * bd] if c + k * bd < n else np.uint16(0)
-        for k in range(ROWS_IN_FLIGHT):
-            if c + k * bd < n:
-                x[t, c + k * bd] = bf16_dec(v[k])
+@functools.lru_cache(maxsize=None)
+def embed_kernel(F16: bool):
+    """x [T, dim] f32 = rows tokens[t] of table [V, dim] u16 (bf16, or fp16 bits when F16); a block
+    per token, ROWS_IN_FLIGHT values a thread loaded before it stores."""
+    dec = f16_dec if F16 else bf16_dec
+
+    @cuda.jit
+    def embed(tokens, table, x):
+        t = cuda.blockIdx.x
+        tok = tokens[t]
+        n, bd = x.shape[1], cuda.blockDim.x
+        v = cuda.local.array(ROWS_IN_FLIGHT, np.uint16)
+        for c in range(cuda.threadIdx.x, n, ROWS_IN_FLIGHT * bd):
+            for k in range(ROWS_IN_FLIGHT):
+                v[k] = table[tok, c + k * bd] if c + k * bd < n else np.uint16(0)
+            for k in range(ROWS_IN_FLIGHT):
+                if c + k * bd < n:
+                    x[t, c + k * bd] = dec(v[k])
+
+    return embed
 
 
 @cuda.jit(device=True)
@@ -115,14 +135,15 @@ def _lanes_max(v, lanes):
 
 
 @functools.lru_cache(maxsize=None)
-def rms_norm_kernel(R: int, VPL: int):
-    """out [T, n] u16 = bf16(x / sqrt(mean(x^2) + eps) * w) for n <= R * VPL: R threads per row (a
-    power of two from 32), each holding its VPL values and weights in registers; sums of squares by
+def rms_norm_kernel(R: int, VPL: int, F16: bool = False):
+    """out [T, n] u16 = 16(x / sqrt(mean(x^2) + eps) * w) (bf16, or fp16 when F16) for n <= R * VPL:
+    R threads per row (a power of two from 32), each holding its VPL values and weights in registers; sums of squares by
     shuffles, and for R > 32 through shared memory (one barrier). A row is read once: the second
     pass of the old kernel re-read x and w after each bf16 store (Numba arrays may alias, so no
     load moves above a store: 12 serial load latencies a row at n 384)."""
     B = max(R, ROW_THREADS)  # threads a block
     RPB, W, NW = B // R, R // 32, B // 32  # rows a block, warps a row, warps a block
+    enc = f16_enc if F16 else bf16_enc
 
     @cuda.jit
     def rms_norm(x, w, eps, out):
@@ -154,7 +175,7 @@ def rms_norm_kernel(R: int, VPL: int):
             for j in range(VPL):
                 c = i + R * j
                 if c < n:
-                    out[row, c] = bf16_enc(v[j] * inv * wv[j])
+                    out[row, c] = enc(v[j] * inv * wv[j])
 
     return rms_norm
 
@@ -334,39 +355,52 @@ def kv_gscale_kernel(part, two_level, gscale):
         gscale[plane, h] = global_scale_for(GSCALE_HEADROOM * m) if two_level[plane] else np.float32(1.0)
 
 
-@cuda.jit
-def swiglu_kernel(gu, out):
-    """out [T, I] u16 = bf16(silu(gate) * up), gu [T, 2I] f32 = (gate | up). Columns on grid x,
-    rows on grid y (strided): no per-element index division, which is a ~70-instruction 64-bit
-    divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on the H200 at c513766).
-    A thread loads ROWS_IN_FLIGHT rows before it stores: Numba arrays may alias, so a load after a
-    store waits for it, and one row at a time was one load latency a row."""
-    T, n = out.shape
-    c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if c < n:
-        g = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
-        u = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
-        for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
-            for k in range(ROWS_IN_FLIGHT):
-                live = t0 + k < T
-                g[k] = gu[t0 + k, c] if live else np.float32(0.0)
-                u[k] = gu[t0 + k, n + c] if live else np.float32(0.0)
-            for k in range(ROWS_IN_FLIGHT):
-                if t0 + k < T:
-                    out[t0 + k, c] = bf16_enc(g[k] / (np.float32(1.0) + math.exp(-g[k])) * u[k])
+@functools.lru_cache(maxsize=None)
+def swiglu_kernel(F16: bool):
+    """out [T, I] u16 = 16(silu(gate) * up) (bf16, or fp16 when F16), gu [T, 2I] f32 = (gate | up).
+    Columns on grid x, rows on grid y (strided): no per-element index division, which is a
+    ~70-instruction 64-bit divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on
+    the H200 at c513766). A thread loads ROWS_IN_FLIGHT rows before it stores: Numba arrays may
+    alias, so a load after a store waits for it, and one row at a time was one load latency a row."""
+    enc = f16_enc if F16 else bf16_enc
+
+    @cuda.jit
+    def swiglu(gu, out):
+        T, n = out.shape
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c < n:
+            g = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+            u = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+            for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
+                for k in range(ROWS_IN_FLIGHT):
+                    live = t0 + k < T
+                    g[k] = gu[t0 + k, c] if live else np.float32(0.0)
+                    u[k] = gu[t0 + k, n + c] if live else np.float32(0.0)
+                for k in range(ROWS_IN_FLIGHT):
+                    if t0 + k < T:
+                        out[t0 + k, c] = enc(g[k] / (np.float32(1.0) + math.exp(-g[k])) * u[k])
+
+    return swiglu
 
 
-@cuda.jit
-def to_bf16_kernel(x, out):
-    """out [n] u16 = bf16(x [n] f32); ROWS_IN_FLIGHT values a thread in flight (swiglu_kernel)."""
-    n, st = x.shape[0], cuda.gridsize(1)
-    v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
-    for i in range(cuda.grid(1), n, ROWS_IN_FLIGHT * st):
-        for k in range(ROWS_IN_FLIGHT):
-            v[k] = x[i + k * st] if i + k * st < n else np.float32(0.0)
-        for k in range(ROWS_IN_FLIGHT):
-            if i + k * st < n:
-                out[i + k * st] = bf16_enc(v[k])
+@functools.lru_cache(maxsize=None)
+def round16_kernel(F16: bool):
+    """out [n] u16 = 16(x [n] f32) (bf16, or fp16 when F16); ROWS_IN_FLIGHT values a thread in
+    flight (swiglu_kernel)."""
+    enc = f16_enc if F16 else bf16_enc
+
+    @cuda.jit
+    def round16(x, out):
+        n, st = x.shape[0], cuda.gridsize(1)
+        v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
+        for i in range(cuda.grid(1), n, ROWS_IN_FLIGHT * st):
+            for k in range(ROWS_IN_FLIGHT):
+                v[k] = x[i + k * st] if i + k * st < n else np.float32(0.0)
+            for k in range(ROWS_IN_FLIGHT):
+                if i + k * st < n:
+                    out[i + k * st] = enc(v[k])
+
+    return round16
 
 
 @cuda.jit
@@ -398,14 +432,15 @@ def _grid_rows(T: int, n: int, threads: int = 256) -> tuple:
     return cols, max(1, min(-(-T // ROWS_IN_FLIGHT), 2048 // cols))
 
 
-def launch_embed(tokens, table, x, stream):
-    embed_kernel[x.shape[0], ROW_THREADS, stream](tokens, table, x)
+# f16: the checkpoint's 16-bit type is fp16 (else bf16), for the launchers that read or write it
+def launch_embed(tokens, table, x, stream, f16: bool = False):
+    embed_kernel(f16)[x.shape[0], ROW_THREADS, stream](tokens, table, x)
 
 
-def launch_rms_norm(x, w, eps, out, stream):
+def launch_rms_norm(x, w, eps, out, stream, f16: bool = False):
     R, vpl = rms_norm_shape(x.shape[1])
     threads = max(R, ROW_THREADS)
-    rms_norm_kernel(R, vpl)[-(-x.shape[0] // (threads // R)), threads, stream](x, w, np.float32(eps), out)
+    rms_norm_kernel(R, vpl, f16)[-(-x.shape[0] // (threads // R)), threads, stream](x, w, np.float32(eps), out)
 
 
 def launch_qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
@@ -427,12 +462,12 @@ def launch_kv_gscale(kv, pos, two_level, gscale, part, stream):
     kv_gscale_kernel[2 * kv.shape[2], 32, stream](part, two_level, gscale)
 
 
-def launch_swiglu(gu, out, stream):
-    swiglu_kernel[_grid_rows(*out.shape), 256, stream](gu, out)
+def launch_swiglu(gu, out, stream, f16: bool = False):
+    swiglu_kernel(f16)[_grid_rows(*out.shape), 256, stream](gu, out)
 
 
-def launch_to_bf16(x, out, stream):
-    to_bf16_kernel[_blocks(x.shape[0]), 256, stream](x, out)
+def launch_round16(x, out, stream, f16: bool = False):
+    round16_kernel(f16)[_blocks(x.shape[0]), 256, stream](x, out)
 
 
 def launch_add_bias(y, b, stream):
@@ -442,13 +477,16 @@ def launch_add_bias(y, b, stream):
 # ==================================================================================== PTX check
 def _sigs():
     out = [
-        (embed_kernel, "void(int32[::1], uint16[:,::1], float32[:,::1])"),
+        (embed_kernel(False), "void(int32[::1], uint16[:,::1], float32[:,::1])"),
+        (embed_kernel(True), "void(int32[::1], uint16[:,::1], float32[:,::1])"),
         (rms_norm_kernel(32, 12), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
-        (rms_norm_kernel(256, 16), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
+        (rms_norm_kernel(256, 16, True), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
         (kv_amax_kernel, "void(float32[:,:,:,::1], int32[::1], float32[:,:,::1])"),
         (kv_gscale_kernel, "void(float32[:,:,::1], int32[::1], float32[:,::1])"),
-        (swiglu_kernel, "void(float32[:,::1], uint16[:,::1])"),
-        (to_bf16_kernel, "void(float32[::1], uint16[::1])"),
+        (swiglu_kernel(False), "void(float32[:,::1], uint16[:,::1])"),
+        (swiglu_kernel(True), "void(float32[:,::1], uint16[:,::1])"),
+        (round16_kernel(False), "void(float32[::1], uint16[::1])"),
+        (round16_kernel(True), "void(float32[::1], uint16[::1])"),
         (add_bias_kernel, "void(float32[:,::1], float32[::1])"),
     ]
     pools = {"bf16": "uint16[:,:,::1], uint8[:,:,::1]", "int8": "int8[:,:,::1], float32[:,:,::1]",

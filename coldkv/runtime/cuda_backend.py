@@ -3,16 +3,17 @@
 Per layer: RMSNorm -> QKV GEMM -> fused (bias, q/k norm, RoPE, quantize-append of K/V into the
 layer's pages) -> paged attention over every page format -> o_proj GEMM accumulating into the
 residual -> RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM accumulating into the residual.
-GEMMs are cuBLAS (bf16 weights as in the checkpoint, bf16 activations, fp32 accumulate and
-output, runtime/gemm.py); everything else is Numba kernels (numba_kernels/layers.py,
-attention_cuda.py, quant.py). All work runs on one stream. A pass is ~90 Numba launches at
+GEMMs are cuBLAS (16-bit weights as in the checkpoint: fp16 for an fp16 checkpoint, else bf16;
+activations rounded to the same type; fp32 accumulate and output, runtime/gemm.py); everything
+else is Numba kernels (numba_kernels/layers.py, attention_cuda.py, quant.py). All work runs on one stream. A pass is ~90 Numba launches at
 ~0.1 ms of Python each (measured: 10 ms to enqueue a 512-token chunk of the 8-layer bundled
 model), so decode steps and full prefill chunks are captured once per cache as CUDA graphs and
 replayed (runtime/cuda_graph.py), and a prompt's chunks are enqueued without waiting for each.
 
 Numerics vs the CPU backend: the CPU keeps activations in float32 with fp32 copies of the
-weights; here the rows entering a GEMM are rounded to bf16 first (as HF transformers does in
-bf16), so logits differ by a small bound (tests/test_cuda_backend.py states it).
+weights; here the rows entering a GEMM are rounded to the checkpoint's 16-bit type first (as HF
+transformers does in that dtype), so logits differ by a small bound (tests/test_cuda_backend.py
+states it).
 """
 from __future__ import annotations
 
@@ -36,7 +37,6 @@ from coldkv.runtime.kv_cache_cuda import DeviceKVArena, DevicePagedKVCache, aren
 from coldkv.runtime.kv_table import KVTable
 from coldkv.runtime.rope import Rope
 from coldkv.runtime.sampling import Sampler
-from coldkv.runtime.safetensors_io import bf16_bits_to_f32
 
 # Tokens per device pass (longer inputs are split): at least 2048, not 512, because a chunk costs
 # ~90 launches however long it is and the first chunks of every prompt run eagerly (~10 ms of
@@ -88,20 +88,20 @@ def cache_tokens(max_tokens: int) -> int:
 @dataclass
 class DeviceLayer:
     attn_norm: object  # [dim] f32
-    wqkv: object  # [(nq + 2 nkv) hd, dim] bf16 bits
+    wqkv: object  # [(nq + 2 nkv) hd, dim] 16-bit bits (bf16, or fp16 when f16)
     bqkv: object  # [(nq + 2 nkv) hd] f32, or empty
     q_norm: object  # [hd] f32, or empty
     k_norm: object
-    wo: object  # [dim, nq hd] bf16
+    wo: object  # [dim, nq hd] 16-bit
     bo: object | None  # [dim] f32
     mlp_norm: object
-    w_gate_up: object  # [2 inter, dim] bf16
-    w_down: object  # [dim, inter] bf16
+    w_gate_up: object  # [2 inter, dim] 16-bit
+    w_down: object  # [dim, inter] 16-bit
 
 
 def _f32(a: np.ndarray | None):
-    """A float32 device copy of a bf16-bits vector (norms, biases), or an empty array for None."""
-    return cuda.to_device(bf16_bits_to_f32(a) if a is not None else np.zeros(0, np.float32))
+    """A float32 device copy of a vector (norms, biases), or an empty array for None."""
+    return cuda.to_device(a if a is not None else np.zeros(0, np.float32))
 
 
 class CUDABackend:
@@ -112,7 +112,7 @@ class CUDABackend:
         """prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
         "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill pass, a multiple of
         PAD_QUANTUM (None: prefill_chunk_tokens). Both are for benchmarks' A/Bs."""
-        from coldkv.runtime.loader import load_args, load_weights
+        from coldkv.runtime.loader import checkpoint_dtype, load_args, load_weights
 
         self.args = a = args or load_args(model_dir)
         if a.head_dim % 64 or a.head_dim > L.MAX_HEAD_DIM:
@@ -134,9 +134,12 @@ class CUDABackend:
         self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count())
         self.prefill_chunk = self.max_chunk  # the Backend protocol's default tokens per prefill step
         self.stream = cuda.stream()
-        self.gemm = CublasGemm(self.stream)
-        w = load_weights(model_dir, a, dtype="bf16")
-        self.embed = cuda.to_device(w.embed)  # [vocab, dim] bf16
+        # the GEMMs' 16-bit type: the checkpoint's own for fp16 ones (rounding fp16 weights to bf16
+        # would lose 3 bits of each); bf16 for bf16 and fp32 checkpoints
+        self.f16 = checkpoint_dtype(model_dir) == "F16"
+        self.gemm = CublasGemm(self.stream, f16=self.f16)
+        w = load_weights(model_dir, a, dtype="f16" if self.f16 else "bf16")
+        self.embed = cuda.to_device(w.embed)  # [vocab, dim] 16-bit bits
         self.lm_head = self.embed if w.lm_head is w.embed else cuda.to_device(w.lm_head)
         self.norm = _f32(w.norm)
         self.layers = [DeviceLayer(
@@ -378,12 +381,13 @@ class CUDABackend:
         pos = self.pos if pos is None else pos
         eps = a.rms_norm_eps
         x, h, qkv, q, o, o16 = self.x[:T], self.h16[:T], self.qkv[:T], self.q[:T], self.o[:T], self.o16[:T]
-        L.launch_embed(tok, self.embed, x, s)
+        f16 = self.f16
+        L.launch_embed(tok, self.embed, x, s, f16=f16)
         ws = self.ws_decode if T == 1 else self.ws_prefill
         for i, lw in enumerate(self.layers):
             kp, vp = cache.pools[i]
             table, gscale = cache.table_dev[i], cache.gscale_dev[i]
-            L.launch_rms_norm(x, lw.attn_norm, eps, h, s)
+            L.launch_rms_norm(x, lw.attn_norm, eps, h, s, f16=f16)
             gemm(h, lw.wqkv, qkv)
             def post_qkv(write_pages: bool) -> None:
                 L.launch_qkv_rope_append(
@@ -402,13 +406,13 @@ class CUDABackend:
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
                                  **(self.prefill_attention if T > 1 else {}),
                                  prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)
-            L.launch_to_bf16(o.reshape(o.size), o16.reshape(o16.size), s)
+            L.launch_round16(o.reshape(o.size), o16.reshape(o16.size), s, f16=f16)
             gemm(o16, lw.wo, x, accumulate=True)
             if lw.bo is not None:
                 L.launch_add_bias(x, lw.bo, s)
-            L.launch_rms_norm(x, lw.mlp_norm, eps, h, s)
+            L.launch_rms_norm(x, lw.mlp_norm, eps, h, s, f16=f16)
             gemm(h, lw.w_gate_up, self.gu[:T])
-            L.launch_swiglu(self.gu[:T], self.act16[:T], s)
+            L.launch_swiglu(self.gu[:T], self.act16[:T], s, f16=f16)
             gemm(self.act16[:T], lw.w_down, x, accumulate=True)
         if head is None:
             return None
@@ -427,6 +431,6 @@ class CUDABackend:
             rows, out = x, self.logits_all[:T]
         else:
             rows, out = x[T - 1:T], self.logits
-        L.launch_rms_norm(rows, self.norm, eps, h[:rows.shape[0]], s)
+        L.launch_rms_norm(rows, self.norm, eps, h[:rows.shape[0]], s, f16=self.f16)
         self.gemm(h[:rows.shape[0]], self.lm_head, out)
         return out

@@ -7,9 +7,10 @@ captured into a CUDA graph with the Numba kernels around them. CuPy was the firs
 binding refuses any cuBLAS call on a capturing stream (NotImplementedError, seen on the H200 with
 CuPy 14.2); torch would bring its own allocator and stream semantics.
 
-All products here are y[T, N] (f32) = x[T, K] (bf16) @ w[N, K]^T (bf16) (+ y when accumulate),
-fp32 accumulation: the nn.Linear layout of HF checkpoints, row-major, read by cuBLAS as
-column-major transposes (y^T = w . x^T).
+All products here are y[T, N] (f32) = x[T, K] (16-bit) @ w[N, K]^T (16-bit) (+ y when
+accumulate), fp32 accumulation: the nn.Linear layout of HF checkpoints, row-major, read by cuBLAS
+as column-major transposes (y^T = w . x^T). The 16-bit type is bf16, or fp16 for an fp16
+checkpoint (x and w alike: cuBLAS takes one input type).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from coldkv.errors import DeviceError
 
 # cuBLAS / CUDA enum values (cublas_api.h, library_types.h)
 _OP_N, _OP_T = 0, 1
-_R_32F, _R_16BF = 0, 14
+_R_32F, _R_16F, _R_16BF = 0, 2, 14
 _COMPUTE_32F = 68
 _GEMM_DEFAULT = -1
 WORKSPACE_BYTES = 32 << 20  # set explicitly: captured GEMMs must not allocate
@@ -31,9 +32,9 @@ def device_ptr(a) -> int:
 
 
 class CublasGemm:
-    """cuBLAS GEMMs on one (Numba) stream."""
+    """cuBLAS GEMMs on one (Numba) stream; inputs bf16, or fp16 when f16."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, f16: bool = False):
         try:
             from nvmath.bindings import cublas
         except ImportError as exc:
@@ -42,6 +43,7 @@ class CublasGemm:
                 "pip install 'coldkv[cuda]'"
             ) from exc
         self._cublas = cublas
+        self._in = _R_16F if f16 else _R_16BF
         self._handle = cublas.create()
         cublas.set_stream(self._handle, int(stream.handle))  # resets the workspace: set it after
         self._workspace = cuda.device_array(WORKSPACE_BYTES, np.uint8)
@@ -56,8 +58,8 @@ class CublasGemm:
             raise ValueError(f"gemm shapes: x {x.shape}, w {w.shape}, y {y.shape}")
         self._cublas.gemm_ex(
             self._handle, _OP_T, _OP_N, N, T, K,
-            self._alpha.ctypes.data, device_ptr(w), _R_16BF, K,
-            device_ptr(x), _R_16BF, K,
+            self._alpha.ctypes.data, device_ptr(w), self._in, K,
+            device_ptr(x), self._in, K,
             self._beta[accumulate].ctypes.data, device_ptr(y), _R_32F, N,
             _COMPUTE_32F, _GEMM_DEFAULT)
 

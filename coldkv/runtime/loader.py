@@ -114,18 +114,25 @@ class Weights:
         return int(sum(a.size for a in arrays))
 
 
+MATRIX_DTYPES = ("f32", "bf16", "f16")
+
+
 def load_weights(model_dir: Path, args: ModelArgs, dtype: str = "f32") -> Weights:
-    """All weights as float32 ("f32", the CPU backend) or as uint16 bf16 bits ("bf16", the CUDA
-    backend: BF16 tensors as stored, F16/F32 ones rounded to bf16)."""
+    """Weights with the matrices (projections, embedding, LM head) as float32 ("f32", the CPU
+    backend) or as uint16 16-bit bits for the CUDA backend's GEMMs: "bf16" (BF16 tensors as stored,
+    others rounded) or "f16" (F16 as stored, others rounded; a value beyond fp16's range is a
+    ModelLoadError). Vectors (norm weights, biases) are always float32, exact from any dtype."""
+    if dtype not in MATRIX_DTYPES:
+        raise ValueError(f"dtype must be one of {MATRIX_DTYPES}, got {dtype!r}")
     files = open_checkpoint(model_dir)
     try:
-        return _load_weights(model_dir, args, files, dtype == "bf16")
+        return _load_weights(model_dir, args, files, dtype)
     finally:
         for f in set(files.values()):
             f.close()
 
 
-def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, SafetensorsFile], bf16: bool) -> Weights:
+def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, SafetensorsFile], dtype: str) -> Weights:
     d, hd = args.hidden_size, args.head_dim
     nq, nkv = args.num_attention_heads * hd, args.num_key_value_heads * hd
 
@@ -137,7 +144,9 @@ def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, Safetensors
             raise ModelLoadError(
                 f"tensor {name} has shape {list(f.tensors[name][1])}, config.json implies {list(shape)}"
             )
-        return f.get_bf16(name) if bf16 else f.get_f32(name)
+        if len(shape) == 1 or dtype == "f32":
+            return f.get_f32(name)
+        return f.get_bf16(name) if dtype == "bf16" else f.get_f16(name)
 
     def opt(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
         return get(name, shape) if name in files else None
@@ -176,7 +185,8 @@ def _load_weights(model_dir: Path, args: ModelArgs, files: dict[str, Safetensors
 
 
 def checkpoint_dtype(model_dir: Path) -> str:
-    """The storage dtype of the embedding table ("BF16", "F16", "F32")."""
+    """The storage dtype of the embedding table ("BF16", "F16", "F32"): the checkpoint's own (the
+    CUDA backend runs its GEMMs in fp16 for "F16", else in bf16)."""
     files = open_checkpoint(model_dir)
     f = files.get("model.embed_tokens.weight")
     dtype = f.dtype("model.embed_tokens.weight") if f else "?"

@@ -101,6 +101,20 @@ class SafetensorsFile:
                                  offset=self._data_start + begin).reshape(shape).copy()
         return f32_to_bf16_bits(self.get_f32(name))
 
+    def get_f16(self, name: str) -> np.ndarray:
+        """The tensor as uint16 IEEE half bits: F16 as stored, other float dtypes rounded (RNE).
+        A value beyond fp16's range would become inf: refused with a ModelLoadError."""
+        dtype, shape, begin, end = self.tensors[name]
+        if dtype == "F16":
+            return np.frombuffer(self._map, dtype="<u2", count=(end - begin) // 2,
+                                 offset=self._data_start + begin).reshape(shape).copy()
+        x = self.get_f32(name)
+        with np.errstate(over="ignore"):
+            h = x.astype(np.float16)
+        if not np.array_equal(np.isinf(h), np.isinf(x)):
+            raise ModelLoadError(f"tensor {name} ({dtype}) has values beyond fp16's range (65504)")
+        return h.view(np.uint16)
+
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
