@@ -3,17 +3,18 @@
     NUMBA_ENABLE_CUDASIM=1 python bench/sim_backend.py --table nvfp4 [--layers variants.layers_X] [--save F.npy]
 
 Every kernel of the pass runs (embed, RMSNorm, the fused q/k/v + RoPE + page append and its
-calibration, paged attention (the fp32 kernel: the simulator's choice), SwiGLU, the bf16 roundings,
-the LM head) except cuBLAS, whose contract (y (+)= bf16(x) @ bf16(w)^T in fp32) a numpy stand-in
-keeps. A tiny random checkpoint (tests/tinymodel.py; Qwen3 by default, --arch llama / qwen2 and the
-shape options make others), a 5-token prompt and 2 decode steps;
+calibration, paged attention (the fp32 kernel: the simulator's choice), SwiGLU, the 16-bit
+roundings, the LM head) except cuBLAS, whose contract (y (+)= x @ w^T, both bf16 or both fp16, in
+fp32) a numpy stand-in keeps. A tiny random checkpoint (tests/tinymodel.py; Qwen3 by default,
+--arch llama / qwen2 and the shape options make others), a 5-token prompt and 2 decode steps;
 prints the logits' max |CUDA - CPU|, beside a quantized table's own effect on the CPU's logits
 (max |table - bf16 KV|: K/V that differ by the GEMMs' bf16 rounding may take other codes, the
 bound tests/test_cuda_backend.py uses), and whether the greedy tokens agree. --layers runs another
 version of numba_kernels/layers.py (bench/ is on sys.path), --save keeps the logits, so two versions
 can be compared bit for bit without a GPU. Slow: a Python thread per GPU thread, 3-10 min a run on
 one core (session 17: max |diff| 0.035 with bf16 KV, 0.078 int8, 0.23 nvfp4, of logits up to 4.3;
-greedy tokens equal).
+greedy tokens equal; session 18's runs over Llama / Qwen2 / fp16 checkpoints:
+bench/results/logs/sim_backend_session18.txt).
 """
 from __future__ import annotations
 
