@@ -408,7 +408,7 @@ def requant_c4g64_cpu(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales,
 
 
 # ================================================================================== CUDA
-# Layout of the three kernels (why: docs/formats.md "Kernel speed" has the measurements):
+# Layout of the three kernels (why: docs/kernels_log.md "Codec kernels at 036ad84" has the measurements):
 #   - One compiled kernel per format (factories below close over the format id), so each
 #     format's kernel carries only its own code: fewer registers, more resident warps.
 #   - warps, not blocks, own the work: grid-stride loops hand each warp 32 units (append) or a
