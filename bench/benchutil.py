@@ -95,8 +95,8 @@ def layers_today(m):
 
     if hasattr(m, "launch_round16"):
         return m
-    shim = types.SimpleNamespace(**vars(m))
-    shim.__name__ = m.__name__
+    shim = types.ModuleType(m.__name__)  # a module: hashable, as bench/layers.py's dicts need
+    shim.__dict__.update({k: v for k, v in vars(m).items() if k != "__name__"})
     shim.launch_round16 = lambda x, out, stream, f16=False: m.launch_to_bf16(x, out, stream)
     for name in ("launch_embed", "launch_rms_norm", "launch_swiglu"):
         setattr(shim, name, lambda *args, f16=False, fn=getattr(m, name): fn(*args))
