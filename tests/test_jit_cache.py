@@ -58,3 +58,31 @@ def _total(x):
 def test_cached_njit_compiles_per_dtype(dtype):
     x = np.array([-1, 2, 3], np.int8).astype(dtype)
     assert _total(x) == x.astype(np.int64).sum()
+
+
+def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
+    """numba alone keeps a cached kernel after a function it calls changes in another file (its
+    stamp is the kernel's own file): g(1) stayed 20 after f changed from x + 1 to x + 2. Our stamp
+    covers the package folder, so the next process recompiles, and the one after that hits the cache."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from numba.extending import register_jitable\n\n\n@register_jitable\n"
+                              "def f(x):\n    return x + 1\n")
+    (pkg / "b.py").write_text("from coldkv.numba_kernels.jit_cache import cached_njit\nfrom pkg.a import f\n\n\n"
+                              "@cached_njit()\ndef g(x):\n    return f(x) * 10\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"],
+                             env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
+        return out.stdout.split()
+
+    assert run() == ["20", "0"]
+    assert run() == ["20", "1"]  # cached
+    (pkg / "a.py").write_text((pkg / "a.py").read_text().replace("x + 1", "x + 2"))
+    assert run() == ["30", "0"]  # recompiled: the callee's file changed
+    assert run() == ["30", "1"]

@@ -15,10 +15,18 @@ site-packages, and `pip uninstall` leaves the cache files behind, so after `pip 
 `coldkv/` directory without `__init__.py` stays in site-packages and shadows the editable install
 as a namespace package (the README's two quick-start commands in one environment failed so). A
 cache directory set by the user (NUMBA_CACHE_DIR) is kept.
+
+numba invalidates a cache when the function's own source file changes (its stamp: mtime and size),
+not when a function it calls from another file does: after an edit of fp.py's scalar cores alone,
+quant.py's cached kernels kept running the old cores (tests/test_jit_cache.py reproduces it). So
+the stamp here also covers every .py file of the function's package folder (numba_kernels/: the
+kernels and everything they call), by content.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+from pathlib import Path
 
 from numba import njit
 from numba.core.caching import IndexDataCacheFile, InTreeCacheLocator, UserWideCacheLocator
@@ -34,8 +42,18 @@ class _KeyedCacheFile(IndexDataCacheFile):
         self._save_data(name, data)
 
 
+@functools.lru_cache(maxsize=None)
+def _folder_stamp(folder: str) -> str:
+    """A hash of the contents of every .py file in `folder`: the sources a kernel there may call."""
+    h = hashlib.sha1()
+    for f in sorted(Path(folder).glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def keyed_cache(dispatcher):
-    """Switch a `cache=True` dispatcher to key-named data files, out of the source tree; returns it."""
+    """Switch a `cache=True` dispatcher to key-named data files, out of the source tree, invalidated
+    by a change to any source file of its package folder; returns it."""
     cache, impl = dispatcher._cache, dispatcher._cache._impl
     if isinstance(impl.locator, InTreeCacheLocator):
         user_wide = UserWideCacheLocator.from_function(dispatcher.py_func, impl.locator._py_file)
@@ -43,8 +61,9 @@ def keyed_cache(dispatcher):
             impl._locator = user_wide
             cache._cache_path = user_wide.get_cache_path()
     old = cache._cache_file
+    folder = str(Path(dispatcher.py_func.__code__.co_filename).resolve().parent)
     cache._cache_file = _KeyedCacheFile(cache_path=cache._cache_path, filename_base=impl.filename_base,
-                                        source_stamp=old._source_stamp)
+                                        source_stamp=(old._source_stamp, _folder_stamp(folder)))
     return dispatcher
 
 
