@@ -77,8 +77,9 @@ def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
 
     def run() -> list[str]:
-        out = subprocess.run([sys.executable, "-c", "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"],
-                             env=env, capture_output=True, text=True, check=True, cwd=tmp_path)
+        code = "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                             cwd=tmp_path)
         return out.stdout.split()
 
     assert run() == ["20", "0"]

@@ -3,7 +3,8 @@
 Dtypes: the residual stream, GEMM outputs, q and attention outputs are float32; a row that feeds a
 GEMM is rounded once to the checkpoint's 16-bit type (uint16 bits, round to nearest even): bf16,
 or fp16 for an fp16 checkpoint (F16 = True), because cuBLAS multiplies 16-bit x 16-bit (fp32
-accumulate) against the weights as stored. Norm weights are float32. "16(...)" below is that rounding.
+accumulate) against the weights as stored. Norm weights are float32. "16(...)" below is that
+rounding.
 
   embed_kernel(F16)     x[t] = row tokens[t] of the 16-bit table                [T, dim] f32
   rms_norm_kernel(R, VPL, F16)  h = 16(x / rms(x) * w)                          [T, dim] u16
@@ -137,8 +138,9 @@ def _lanes_max(v, lanes):
 @functools.lru_cache(maxsize=None)
 def rms_norm_kernel(R: int, VPL: int, F16: bool = False):
     """out [T, n] u16 = 16(x / sqrt(mean(x^2) + eps) * w) (bf16, or fp16 when F16) for n <= R * VPL:
-    R threads per row (a power of two from 32), each holding its VPL values and weights in registers; sums of squares by
-    shuffles, and for R > 32 through shared memory (one barrier). A row is read once: the second
+    R threads per row (a power of two from 32), each holding its VPL values and weights in
+    registers; sums of squares by shuffles, and for R > 32 through shared memory (one barrier).
+    A row is read once: the second
     pass of the old kernel re-read x and w after each bf16 store (Numba arrays may alias, so no
     load moves above a store: 12 serial load latencies a row at n 384)."""
     B = max(R, ROW_THREADS)  # threads a block

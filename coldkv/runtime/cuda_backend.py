@@ -5,9 +5,10 @@ layer's pages) -> paged attention over every page format -> o_proj GEMM accumula
 residual -> RMSNorm -> gate/up GEMM -> SwiGLU -> down GEMM accumulating into the residual.
 GEMMs are cuBLAS (16-bit weights as in the checkpoint: fp16 for an fp16 checkpoint, else bf16;
 activations rounded to the same type; fp32 accumulate and output, runtime/gemm.py); everything
-else is Numba kernels (numba_kernels/layers.py, attention_cuda.py, quant.py). All work runs on one stream. A pass is ~90 Numba launches at
-~0.1 ms of Python each (measured: 10 ms to enqueue a 512-token chunk of the 8-layer bundled
-model), so decode steps and full prefill chunks are captured once per cache as CUDA graphs and
+else is Numba kernels (numba_kernels/layers.py, attention_cuda.py, quant.py). All work runs on one
+stream. A pass is ~90 Numba launches at ~0.1 ms of Python each (measured: 10 ms to enqueue a
+512-token chunk of the 8-layer bundled model), so decode steps and full prefill chunks are
+captured once per cache as CUDA graphs and
 replayed (runtime/cuda_graph.py), and a prompt's chunks are enqueued without waiting for each.
 
 Numerics vs the CPU backend: the CPU keeps activations in float32 with fp32 copies of the
