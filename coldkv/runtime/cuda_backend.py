@@ -8,8 +8,8 @@ activations rounded to the same type; fp32 accumulate and output, runtime/gemm.p
 else is Numba kernels (numba_kernels/layers.py, attention_cuda.py, quant.py). All work runs on one
 stream. A pass is ~90 Numba launches at ~0.1 ms of Python each (measured: 10 ms to enqueue a
 512-token chunk of the 8-layer bundled model), so decode steps and full prefill chunks are
-captured once per cache as CUDA graphs and
-replayed (runtime/cuda_graph.py), and a prompt's chunks are enqueued without waiting for each.
+captured once per cache as CUDA graphs and replayed (runtime/cuda_graph.py), and a prompt's chunks
+are enqueued without waiting for each.
 
 Numerics vs the CPU backend: the CPU keeps activations in float32 with fp32 copies of the
 weights; here the rows entering a GEMM are rounded to the checkpoint's 16-bit type first (as HF
