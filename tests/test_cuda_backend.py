@@ -5,7 +5,9 @@ transformers in bf16 moves from HF in float32 on the same checkpoint and tokens.
 rounds GEMM inputs to bf16 (the CPU backend keeps float32), so with bf16 KV it must stay within
 2 e_ref of HF float32 and of the CPU backend. With a quantized table, K/V that differ by bf16
 noise can take different 4-bit codes (and a different second-level scale), so the allowance grows
-by the table's own effect on the CPU: 2 (e_ref + max|CPU table - CPU bf16 KV|). Greedy choices
+by the table's own effect on the CPU: 2 (e_ref + max|CPU table - CPU bf16 KV|). An fp16 checkpoint
+is held to HF in fp16, which keeps K/V in fp16: there the bf16 KV table is itself such a rounding,
+and its effect on the CPU (max|CPU bf16 KV - HF fp32|) is added the same way. Greedy choices
 (argmax of teacher-forced logits) must agree wherever the reference's top-2 margin exceeds twice
 the measured logit difference.
 """
@@ -141,19 +143,28 @@ def test_random_checkpoints_match_cpu_and_hf(tmp_path, arch, dtype):
     n_prompt = 130
     hf32, hf16 = _hf(d, seq, n_prompt, torch.float16 if dtype == "f16" else None)
     e_ref = _maxdiff(hf16, hf32)
+    # HF in fp16 keeps K/V in fp16, where the bf16 table rounds them to bf16 (8 bits): for an fp16
+    # checkpoint that rounding's own effect, measured on the CPU (float32 otherwise), comes on top
+    # (at faa4729 the H200 gave CUDA-HF32 0.023 / 0.084 against 2 e_ref = 0.023 / 0.061 without it)
+    kv_own = 0.0
     cpu_bf16 = None
     for name in TABLES:
         table = resolve_table(name, cpu.args.num_hidden_layers)
         lc, lg = _teacher_forced(cpu, table, seq, n_prompt), _teacher_forced(gpu, table, seq, n_prompt)
-        cpu_bf16 = lc if cpu_bf16 is None else cpu_bf16
+        if cpu_bf16 is None:
+            cpu_bf16 = lc
+            kv_own = _maxdiff(lc, hf32) if dtype == "f16" else 0.0
         diff, own = _maxdiff(lc, lg), _maxdiff(lc, cpu_bf16)
         msg = f"\n{arch} ({dtype}) {name}: CUDA-CPU {diff:.3g}, table vs bf16 on the CPU {own:.3g}, e_ref {e_ref:.3g}"
         if name == "bf16":
             hf_diff = _maxdiff(lg, hf32)
-            msg += f", CUDA-HF32 {hf_diff:.3g}, argmax compared at {_argmax_agree(hf32, lg, hf_diff)}/{len(lg)}"
-            assert hf_diff <= 2 * e_ref
-        print(msg)
-        assert diff <= 2 * (e_ref + own)
+            msg += (f", CUDA-HF32 {hf_diff:.3g} (CPU-HF32 {kv_own:.3g}), argmax compared at "
+                    f"{_argmax_agree(hf32, lg, hf_diff)}/{len(lg)}")
+            print(msg)
+            assert hf_diff <= 2 * (e_ref + kv_own)
+        else:
+            print(msg)
+        assert diff <= 2 * (e_ref + own + kv_own)  # K/V that differ by fp16 noise may round to other bf16
         _argmax_agree(lc, lg, diff)
 
 
