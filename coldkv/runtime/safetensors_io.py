@@ -95,19 +95,22 @@ class SafetensorsFile:
 
     def get_bf16(self, name: str) -> np.ndarray:
         """The tensor as uint16 bf16 bits: BF16 as stored, other float dtypes rounded (RNE)."""
-        dtype, shape, begin, end = self.tensors[name]
-        if dtype == "BF16":
-            return np.frombuffer(self._map, dtype="<u2", count=(end - begin) // 2,
-                                 offset=self._data_start + begin).reshape(shape).copy()
+        if self.dtype(name) == "BF16":
+            return self._bits16(name)
         return f32_to_bf16_bits(self.get_f32(name))
+
+    def _bits16(self, name: str) -> np.ndarray:
+        """A 16-bit tensor's stored bits as a new uint16 array."""
+        dtype, shape, begin, end = self.tensors[name]
+        return np.frombuffer(self._map, dtype="<u2", count=(end - begin) // 2,
+                             offset=self._data_start + begin).reshape(shape).copy()
 
     def get_f16(self, name: str) -> np.ndarray:
         """The tensor as uint16 IEEE half bits: F16 as stored, other float dtypes rounded (RNE).
         A value beyond fp16's range would become inf: refused with a ModelLoadError."""
-        dtype, shape, begin, end = self.tensors[name]
+        dtype = self.dtype(name)
         if dtype == "F16":
-            return np.frombuffer(self._map, dtype="<u2", count=(end - begin) // 2,
-                                 offset=self._data_start + begin).reshape(shape).copy()
+            return self._bits16(name)
         x = self.get_f32(name)
         with np.errstate(over="ignore"):
             h = x.astype(np.float16)
