@@ -38,10 +38,10 @@ __import__("cudasim_warp").install()  # warp shuffles for the simulator
 
 import numpy as np  # noqa: E402
 
+from coldkv.numba_kernels.layers import ref_decode16  # noqa: E402
 from coldkv.runtime import cuda_backend as CB  # noqa: E402
 from coldkv.runtime.backend import CPUBackend  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
-from coldkv.runtime.safetensors_io import bf16_bits_to_f32  # noqa: E402
 from tinymodel import make_checkpoint  # noqa: E402
 from benchutil import layers_today  # noqa: E402
 
@@ -51,11 +51,11 @@ class NumpyGemm:
     (bf16, or fp16 when f16), fp32 out."""
 
     def __init__(self, stream, f16: bool = False):
-        self.f32 = (lambda h: h.view(np.float16).astype(np.float32)) if f16 else bf16_bits_to_f32
+        self.f16 = f16
 
     def __call__(self, x, w, y, accumulate: bool = False) -> None:
-        r = (self.f32(x.copy_to_host()).astype(np.float64)
-             @ self.f32(w.copy_to_host()).astype(np.float64).T).astype(np.float32)
+        r = (ref_decode16(x.copy_to_host(), self.f16).astype(np.float64)
+             @ ref_decode16(w.copy_to_host(), self.f16).astype(np.float64).T).astype(np.float32)
         y.copy_to_device(r + y.copy_to_host() if accumulate else r)
 
 
