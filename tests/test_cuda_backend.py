@@ -354,3 +354,44 @@ def test_gpu_sampling_in_the_decode_graph(bundled):
     p = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
     runs = [generate(gpu, tok, list(prompt), table=table, max_new_tokens=12, sampling=p).tokens for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 40])
+def test_pipelined_decode_steps_equal_decode_in_a_loop(bundled, stop_after):
+    """decode_steps enqueues each step before the last one's token is read. Read stop_after of 40
+    steps (sampling, 64-token pages so steps cross pages), close: the same tokens, cache length and
+    pages as decode() in a loop, and the same token drawn next (the unread step's K/V and draw
+    are undone). Also through generate: identical tokens for eos-free greedy and sampled runs."""
+    from coldkv.runtime.sampling import Sampler, SamplingParams
+
+    d, tok, cpu, gpu, ref = bundled
+    table = resolve_table("nvfp4", cpu.args.num_hidden_layers)
+    prompt = np.array(ref["seq"][:ref["n"]])
+    params = SamplingParams(temperature=0.9, top_k=50, seed=11)
+    runs = []
+    for pipelined in (False, True):
+        gpu.pipelined_decode = pipelined
+        try:
+            cache = gpu.new_cache(table, len(prompt) + 42)
+            sampler = Sampler(params)
+            first = sampler(gpu.prefill(prompt, cache))
+            steps = gpu.decode_steps(first, cache, sampler, 40)
+            toks = [next(steps) for _ in range(stop_after)]
+            steps.close()
+            length = cache.length
+            toks.append(gpu.decode(toks[-1], cache, sampler))
+            host = cache.to_host()
+            live = [host.dense(i) for i in range(host.n_layers)]
+            runs.append((toks, length, live))
+            del cache, host
+            p = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+            runs[-1] += tuple(generate(gpu, tok, list(prompt), table=table, max_new_tokens=30, sampling=s).tokens
+                              for s in (SamplingParams(), p))
+        finally:
+            gpu.pipelined_decode = True
+    (t0, l0, k0, g0, s0), (t1, l1, k1, g1, s1) = runs
+    assert t1 == t0 and l1 == l0 == len(prompt) + stop_after
+    for (a_k, a_v), (b_k, b_v) in zip(k0, k1):
+        np.testing.assert_array_equal(a_k, b_k)
+        np.testing.assert_array_equal(a_v, b_v)
+    assert g1 == g0 and s1 == s0

@@ -294,6 +294,49 @@ def test_generate_stops_on_eos_stop_string_and_context(ckpt, tmp_path):
         generate(small, tok, [], table=table)
 
 
+class _AheadBackend(CPUBackend):
+    """A CPU backend whose decode_steps run one step ahead of the reader, as the CUDA backend's do:
+    the engine must close them, and closing must leave the cache as decode() in a loop would."""
+
+    def new_cache(self, table, max_tokens):
+        self.cache = super().new_cache(table, max_tokens)
+        return self.cache
+
+    def decode_steps(self, token, cache, sampler, max_steps):
+        self.steps = self._steps(token, cache, sampler, max_steps)  # held: only the engine's close() ends it
+        return self.steps
+
+    def _steps(self, token, cache, sampler, max_steps):
+        ahead = []  # tokens computed but not yet read
+        try:
+            for _ in range(max_steps):
+                token = self.decode(token, cache, sampler)
+                ahead.append(token)
+                if len(ahead) == 2:
+                    yield ahead.pop(0)
+            while ahead:
+                yield ahead.pop(0)
+        finally:
+            cache.trim(len(ahead))
+
+
+def test_generate_closes_decode_steps_run_ahead(ckpt, tmp_path):
+    """eos, a stop string, length: same tokens as the plain CPU backend, and the steps run ahead
+    of the last read token are undone (the cache holds the prompt and every kept token but the last)."""
+    d = make_checkpoint(tmp_path / "m", "qwen3", generation_eos=[GOLDEN[6]])
+    tok, table = Tokenizer.from_dir(d), resolve_table("bf16", 2)
+    stop = tok.decode(GOLDEN[:6])[3:5]
+    for model, kw, finish in ((d, {}, "eos"), (ckpt["qwen3"], {"stop": (stop,)}, "stop"),
+                              (ckpt["qwen3"], {"max_new_tokens": 5}, "length")):
+        kw = {"max_new_tokens": 16, **kw}
+        want = generate(CPUBackend(model), tok, GOLDEN_PROMPT, table=table, **kw)
+        ahead = _AheadBackend(model)
+        got = generate(ahead, tok, GOLDEN_PROMPT, table=table, **kw)
+        assert got.finish_reason == want.finish_reason == finish
+        assert got.tokens == want.tokens and got.decode_steps == want.decode_steps
+        assert ahead.cache.length == len(GOLDEN_PROMPT) + len(got.tokens) - (finish != "eos")
+
+
 def test_generate_chunked_prefill_and_sampling_reproducible(qwen3, ckpt):
     tok = Tokenizer.from_dir(ckpt["qwen3"])
     prompt = list(np.random.default_rng(5).integers(0, 320, 150))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -55,8 +55,21 @@ class Backend(Protocol):
     def decode(self, token: int, cache: KVCache, sampler: Sampler) -> int:
         """Append one token; -> the next one, drawn by `sampler`'s rules."""
 
+    def decode_steps(self, token: int, cache: KVCache, sampler: Sampler, max_steps: int) -> Iterator[int]:
+        """decode() up to max_steps times from `token`, each step fed the last drawn token; yields
+        the drawn tokens. When the caller stops early (closes the generator) the cache holds
+        exactly the tokens it was given: `token` and every yielded one but the last."""
+
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         """Raise PlanError if a cache of max_tokens with this table cannot fit."""
+
+
+def sequential_decode_steps(backend: Backend, token: int, cache: KVCache, sampler: Sampler,
+                            max_steps: int) -> Iterator[int]:
+    """Backend.decode_steps by decode() calls, one after the other."""
+    for _ in range(max_steps):
+        token = backend.decode(token, cache, sampler)
+        yield token
 
 
 def cublas_binding_installed() -> bool:
@@ -152,6 +165,9 @@ class CPUBackend:
 
     def decode(self, token: int, cache: PagedKVCache, sampler: Sampler) -> int:
         return sampler(self.forward(np.array([token]), cache))
+
+    def decode_steps(self, token: int, cache: PagedKVCache, sampler: Sampler, max_steps: int) -> Iterator[int]:
+        return sequential_decode_steps(self, token, cache, sampler, max_steps)
 
     def check_memory(self, table: KVTable, max_tokens: int) -> None:
         a = self.args

@@ -19,7 +19,8 @@ states it).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda, prefill_kernel
 from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
 from coldkv.numba_kernels.sampling import launch_sample
+from coldkv.runtime.backend import sequential_decode_steps
 from coldkv.runtime.config import ModelArgs
 from coldkv.runtime.cuda_graph import CapturedGraph
 from coldkv.runtime.gemm import CublasGemm
@@ -109,8 +111,10 @@ class CUDABackend:
     name = "cuda"
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
-                 graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None):
-        """prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
+                 graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None,
+                 pipelined_decode: bool = True):
+        """graphs / pipelined_decode: replay captured passes / run decode_steps one step ahead of
+        the host (False: the before of benchmarks' A/Bs); prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
         "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill pass, a multiple of
         PAD_QUANTUM (None: prefill_chunk_tokens). Both are for benchmarks' A/Bs."""
         from coldkv.runtime.loader import checkpoint_dtype, load_args, load_weights
@@ -122,7 +126,7 @@ class CUDABackend:
         if a.hidden_size > L.MAX_ROW:
             raise PlanError(f"the CUDA backend's RMSNorm takes rows of up to {L.MAX_ROW} values, this model's "
                             f"hidden size is {a.hidden_size}; use --device cpu")
-        self.page_tokens, self.graphs = page_tokens, graphs
+        self.page_tokens, self.graphs, self.pipelined_decode = page_tokens, graphs, pipelined_decode
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         # ("auto": none, so that each layer's launch picks by its K / V formats)
@@ -188,8 +192,8 @@ class CUDABackend:
         self.pos = dev(2, np.int32)  # the chunk's (first position, valid tokens), read by kernels (graph-safe)
         self.sample_params = dev(3, f32)  # temperature, top_k, top_p: numba_kernels/sampling.py
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
-        self.sample_host = cuda.pinned_array(1, np.int32)
-        self.sample_out = dev(1, np.int32)
+        # the drawn token's host copies: two, because decode_steps reads one while the next step's lands
+        self.sample_host = cuda.pinned_array((2, 1), np.int32)
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
 
@@ -322,20 +326,84 @@ class CUDABackend:
         """Append one token; -> the next, drawn on the GPU (numba_kernels/sampling.py: the host's
         rules, its own reproducible draws) inside the captured step, so 4 bytes come back instead
         of the logits. A new sampler (a new generate) uploads its rules and seed, step 0."""
+        self._use_sampler(sampler)
+        self._sample_step(self._stage([token], cache), cache)
+        self.tok[:1].copy_to_host(self.sample_host[0], stream=self.stream)
+        self.stream.synchronize()
+        return int(self.sample_host[0, 0])
+
+    def decode_steps(self, token: int, cache: DevicePagedKVCache, sampler: Sampler,
+                     max_steps: int) -> Iterator[int]:
+        """decode() up to max_steps times from `token`, each step fed the token the one before drew,
+        yielding each drawn token. The draw stays on the device (the sample kernel writes it into
+        self.tok, the next step's input), so step t + 1 is enqueued before token t is read: the
+        host's work of a step (staging, graph launch, the token's copy and the caller's use of it)
+        overlaps the GPU's work of the one before. A caller that stops reading leaves one step that
+        nobody asked for computed; closing the generator undoes it (its token leaves the cache, the
+        sampler's draw counter steps back).
+        Same tokens and cache as decode() in a loop (tests/test_cuda_backend.py)."""
+        if not self.pipelined_decode:
+            yield from sequential_decode_steps(self, token, cache, sampler, max_steps)
+            return
+        if max_steps <= 0:
+            return
         s = self.stream
+        self._use_sampler(sampler)
+        self.tok_host[0] = token
+        self.tok[:1].copy_to_device(self.tok_host[:1], stream=s)
+        pending: deque = deque()  # (event after the step's token copy, host slot of that token)
+        staged = None  # event after the last step's table and position uploads (pinned sources)
+        enqueued = consumed = 0
+
+        def enqueue() -> None:
+            nonlocal enqueued, staged
+            if staged is not None:  # the pinned table and position may change once their copies ran
+                staged.synchronize()
+            pos0 = cache.extend(1)
+            self.pos_host[:] = pos0, 1
+            cache.sync(s)
+            self.pos.copy_to_device(self.pos_host, stream=s)
+            staged = cuda.event(timing=False)
+            staged.record(s)
+            self._sample_step(pos0, cache)
+            slot = self.sample_host[enqueued % 2]
+            self.tok[:1].copy_to_host(slot, stream=s)
+            done = cuda.event(timing=False)
+            done.record(s)
+            pending.append((done, slot))
+            enqueued += 1
+
+        try:
+            enqueue()
+            while pending:
+                if enqueued < max_steps:
+                    enqueue()
+                done, slot = pending.popleft()
+                done.synchronize()
+                consumed += 1
+                yield int(slot[0])
+        finally:
+            if enqueued > consumed:  # steps the caller did not read: undone, as if never run
+                s.synchronize()
+                cache.trim(enqueued - consumed)
+                state = self.sample_state.copy_to_host()
+                state[1] -= enqueued - consumed  # the sampler's draw counter
+                self.sample_state.copy_to_device(state)
+
+    def _use_sampler(self, sampler: Sampler) -> None:
+        """A new sampler (a new generate) uploads its rules and seed, step 0."""
         if self._sampler is not sampler:
-            p = sampler.params
+            p, s = sampler.params, self.stream
             self.sample_params.copy_to_device(np.array([p.temperature, p.top_k, p.top_p], np.float32), stream=s)
             self.sample_state.copy_to_device(np.array([p.seed, 0], np.int64), stream=s)
             self._sampler = sampler
-        pos0 = self._stage([token], cache)
+
+    def _sample_step(self, pos0: int, cache: DevicePagedKVCache) -> None:
+        """Enqueue a pass over the staged token that draws the next one into self.tok[0]."""
         if cache.calibrated.all():
             self._graphed_step(1, cache, "sample")
         else:  # a cache whose prompt was empty
             self._step(1, pos0, cache, False, head="sample")
-        self.sample_out.copy_to_host(self.sample_host, stream=s)
-        s.synchronize()
-        return int(self.sample_host[0])
 
     def _stage(self, tokens, cache: DevicePagedKVCache) -> int:
         """Extend the cache by len(tokens) <= self.max_chunk and queue their ids (self.tok), first
@@ -345,7 +413,7 @@ class CUDABackend:
         self.tok_host[:T] = tokens
         self.pos_host[:] = pos0, T
         cache.sync(s)
-        self.tok.copy_to_device(self.tok_host, stream=s)
+        self.tok[:T].copy_to_device(self.tok_host[:T], stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
         return pos0
 
@@ -376,7 +444,7 @@ class CUDABackend:
         tokens <= T) in `pos` [2] (default self.pos) on the device and pos0 on the host. pos0 None:
         a captured decode step, where attention reads the position from the device and plans its
         splits for the cache's whole length. head: "logits" (final norm + LM head), "sample" (and draw the next
-        token into sample_out), None (a prompt chunk before the last)."""
+        token into self.tok[0], where the next decode step reads it), None (a prompt chunk before the last)."""
         a, s, gemm = self.args, self.stream, self.gemm
         tok = self.tok[:T] if tok is None else tok
         pos = self.pos if pos is None else pos
@@ -419,7 +487,7 @@ class CUDABackend:
             return None
         out = self._head(T, all_logits)
         if head == "sample":
-            launch_sample(out[0], self.sample_params, self.sample_state, self.sample_out, s)
+            launch_sample(out[0], self.sample_params, self.sample_state, self.tok[:1], s)
         return out
 
     def _head(self, T: int, all_logits: bool):
