@@ -24,7 +24,7 @@ T=$!
 timeout 480 python3 bench/attention_decode.py --commit "$C" --wait-pid $T --out "$OUT/attention_decode.json" > "$OUT/decode.log" 2>&1 &
 D=$!
 if [ "${2:-}" != nocodecs ]; then
-  timeout 480 python3 bench/codecs.py --commit "$C" --wait-pid $D --out "$OUT/codecs.json" > "$OUT/codecs.log" 2>&1
+  timeout 480 python3 bench/codecs.py --commit "$C" --rounds 3 --wait-pid $D --out "$OUT/codecs.json" > "$OUT/codecs.log" 2>&1
 fi
 if [ "${3:-}" = prefill ]; then  # the prefill kernel at T 2048 vs SDPA, compiled while the tests run
   # it waits for the tests and the decode grid (~350 s at d7dd710), so its timeout is the budget's
