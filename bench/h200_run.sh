@@ -6,6 +6,7 @@
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash bench/h200_run.sh <commit> [parts] [seconds]
 # parts, comma-separated (default tests,decode,codecs,generate):
 #   tests     the whole gpu suite, -n 8 (~290-370 s)
+#   backend   only the CUDA backend's and the sampling kernel's gpu tests (when only the runtime changed)
 #   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s)
@@ -32,8 +33,11 @@ save() {
   tar czf "$FINAL_OUT/logs_$C.tgz" -C "$OUT" . 2>/dev/null
 }
 W=0  # the process the next bench waits for before timing
-if has tests; then
-  timeout $(( $(left) < 420 ? $(left) : 420 )) python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider tests/ \
+TESTS=""
+has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py"
+has tests && TESTS=tests/
+if [ -n "$TESTS" ]; then
+  timeout $(( $(left) < 420 ? $(left) : 420 )) python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider $TESTS \
     > "$OUT/gpu_pytest_$C.log" 2>&1 &  # -v: a timeout cutting a -q run loses the failing names
   W=$!
 fi
