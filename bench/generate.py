@@ -130,6 +130,8 @@ def main() -> None:
                     help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, wg8a, wg8s, each with "
                     "an optional @N (prefill chunks of N tokens, a multiple of 1024, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
+    ap.add_argument("--no-launch-ab", dest="launch_ab", action="store_false",
+                    help="skip the eager / graph / pipelined decode A/B at 512 tokens (~1 min of compiles)")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
     a = ap.parse_args()
@@ -137,7 +139,7 @@ def main() -> None:
     import transformers
 
     results = []
-    graph_ab = launch_overhead(a.model, a.new)
+    graph_ab = launch_overhead(a.model, a.new) if a.launch_ab else None
     print(json.dumps(graph_ab), flush=True)
     tmp = Path(tempfile.mkdtemp())
     try:
@@ -177,6 +179,7 @@ def main() -> None:
                            "decode_ratio": round(dec / hf_dec, 3), "prefill_ratio": round(pre / hf_pre, 3),
                            "coldkv_prefill_tok_s_new_cache": round(runs[0][0], 1),
                            "coldkv_decode_tok_s_new_cache": round(runs[0][1], 1),
+                           "coldkv_decode_tok_s_runs": [round(r[1], 1) for r in runs[1:]],
                            "tokens_equal_across_runs": all(r[2] == toks for r in runs),
                            "tokens_equal_first_kernel": toks == first, "model": model.name}
                     print(json.dumps(row), flush=True)
