@@ -113,10 +113,11 @@ class CUDABackend:
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None,
                  pipelined_decode: bool = True):
-        """graphs / pipelined_decode: replay captured passes / run decode_steps one step ahead of
-        the host (False: the before of benchmarks' A/Bs); prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel: "auto",
-        "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill pass, a multiple of
-        PAD_QUANTUM (None: prefill_chunk_tokens). Both are for benchmarks' A/Bs."""
+        """graphs: replay captured passes; pipelined_decode: run decode_steps one step ahead of the
+        host; prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
+        "auto", "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill
+        pass, a multiple of PAD_QUANTUM (None: prefill_chunk_tokens). All but the defaults are
+        for benchmarks' A/Bs."""
         from coldkv.runtime.loader import checkpoint_dtype, load_args, load_weights
 
         self.args = a = args or load_args(model_dir)
