@@ -73,8 +73,6 @@ def main() -> None:
                     "(f16: the CUDA backend runs fp16 GEMMs)")
     ap.add_argument("--rope", default="", help='rope_scaling as JSON, e.g. \'{"rope_type": "llama3", "factor": 8, '
                     '"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 64}\'')
-    ap.add_argument("--decode", type=int, default=0, metavar="N", help="instead: N pipelined decode_steps, read "
-                    "N - 1 of them, against decode() in a loop (tokens, cache length, pages, the next draw)")
     a = ap.parse_args()
     CB.CublasGemm = NumpyGemm
     if a.layers:
@@ -94,8 +92,6 @@ def main() -> None:
         rows += [backend.forward(np.array([t]), cache) for t in seq[n_prompt:]]
         return np.stack(rows)
 
-    if a.decode:
-        return check_decode_steps(CB.CUDABackend(ckpt, graphs=False), a.table, seq[:n_prompt], a.decode, t0)
     cuda_logits = logits(CB.CUDABackend(ckpt, graphs=False), a.table)
     cpu = CPUBackend(ckpt)
     cpu_logits = logits(cpu, a.table)
@@ -114,32 +110,6 @@ def main() -> None:
           f"(max |logit| {np.abs(cpu_logits).max():.3g}; the table's own effect on the CPU {own:.4g}), greedy equal "
           f"{bool((cuda_logits.argmax(-1) == cpu_logits.argmax(-1)).all())} (where the CPU margin > 2 diff: {agree}, "
           f"{int(sure.sum())}/{len(sure)} rows), {time.perf_counter() - t0:.0f} s")
-
-def check_decode_steps(backend, table_name: str, prompt: list[int], n: int, t0: float) -> None:
-    """decode_steps run one step ahead (pipelined) == decode() in a loop, when the reader stops after
-    n - 1 of n steps: the same tokens, cache length and pages, and the same token drawn next."""
-    from coldkv.runtime.sampling import Sampler, SamplingParams
-
-    table = resolve_table(table_name, backend.args.num_hidden_layers)
-    runs = []
-    for pipelined in (False, True):
-        backend.pipelined_decode = pipelined
-        cache = backend.new_cache(table, len(prompt) + n + 1)
-        sampler = Sampler(SamplingParams(temperature=0.9, seed=4))
-        first = sampler(backend.prefill(np.array(prompt), cache))
-        steps = backend.decode_steps(first, cache, sampler, n)
-        toks = [next(steps) for _ in range(n - 1)]
-        steps.close()
-        length = cache.length
-        toks.append(backend.decode(toks[-1], cache, sampler))  # the unread step's row, written again
-        runs.append((toks, length, [p.codes.copy_to_host() for kv in cache.pools for p in kv]))
-        del cache
-    (t0_, l0, p0), (t1, l1, p1) = runs
-    same_pages = all(np.array_equal(a_, b_) for a_, b_ in zip(p0, p1))
-    print(f"decode_steps, table {table_name}: sequential {t0_} (length {l0}), pipelined {t1} (length {l1}); "
-          f"tokens equal {t0_ == t1}, lengths equal {l0 == l1}, pool pages equal {same_pages} "
-          f"(after one more decode()), {time.perf_counter() - t0:.0f} s")
-
 
 if __name__ == "__main__":
     main()
