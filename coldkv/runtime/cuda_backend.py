@@ -350,8 +350,6 @@ class CUDABackend:
             return
         s = self.stream
         self._use_sampler(sampler)
-        self.tok_host[0] = token
-        self.tok[:1].copy_to_device(self.tok_host[:1], stream=s)
         pending: deque = deque()  # (event after the step's token copy, host slot of that token)
         staged = None  # event after the last step's table and position uploads (pinned sources)
         enqueued = consumed = 0
@@ -360,10 +358,7 @@ class CUDABackend:
             nonlocal enqueued, staged
             if staged is not None:  # the pinned table and position may change once their copies ran
                 staged.synchronize()
-            pos0 = cache.extend(1)
-            self.pos_host[:] = pos0, 1
-            cache.sync(s)
-            self.pos.copy_to_device(self.pos_host, stream=s)
+            pos0 = self._stage(None if enqueued else [token], cache)  # later ids: drawn on the device
             staged = cuda.event(timing=False)
             staged.record(s)
             self._sample_step(pos0, cache)
@@ -408,13 +403,16 @@ class CUDABackend:
 
     def _stage(self, tokens, cache: DevicePagedKVCache) -> int:
         """Extend the cache by len(tokens) <= self.max_chunk and queue their ids (self.tok), first
-        position (self.pos) and the block table for the device; -> that position."""
-        T, s = len(tokens), self.stream
+        position (self.pos) and the block table for the device; -> that position. tokens None: one
+        token whose id is already in self.tok[0] (the last decode step drew it there)."""
+        T, s = 1 if tokens is None else len(tokens), self.stream
         pos0 = cache.extend(T)
-        self.tok_host[:T] = tokens
+        if tokens is not None:
+            self.tok_host[:T] = tokens
         self.pos_host[:] = pos0, T
         cache.sync(s)
-        self.tok[:T].copy_to_device(self.tok_host[:T], stream=s)
+        if tokens is not None:
+            self.tok[:T].copy_to_device(self.tok_host[:T], stream=s)
         self.pos.copy_to_device(self.pos_host, stream=s)
         return pos0
 
