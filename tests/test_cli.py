@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -134,6 +135,7 @@ def test_info(model_dir):
     out = _json(runner.invoke(app, ["info", "--model", str(model_dir), "--json"]))
     assert out["model"]["layers"] == 2 and out["kv_tables"]["bf16"]["bytes_per_token"] == 1024
     assert out["kv_tables"]["nvfp4"]["bytes_per_token"] == 2 * 2 * 2 * 36
+    assert os.path.isabs(out["kernel_cache"]["path"]) and out["kernel_cache"]["files"] >= 0
     _error(["info", "--model", str(model_dir.parent / "nope")], "does not exist")
 
 

@@ -87,3 +87,134 @@ def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
     (pkg / "a.py").write_text((pkg / "a.py").read_text().replace("x + 1", "x + 2"))
     assert run() == ["30", "0"]  # recompiled: the callee's file changed
     assert run() == ["30", "1"]
+
+
+# ------------------------------------------------------------------------------ CUDA kernels
+def _offline(code: str, cache_dir, seed: int) -> str:
+    """Run code in a process that compiles CUDA kernels offline (tests/offline_cuda.py) with
+    NUMBA_CACHE_DIR=cache_dir and PYTHONHASHSEED=seed; -> its stdout."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env.update(NUMBA_CACHE_DIR=str(cache_dir), PYTHONHASHSEED=str(seed),
+               PYTHONPATH=os.pathsep.join([os.path.join(root, "tests"), root]))
+    proc = subprocess.run([sys.executable, "-c", "import offline_cuda\n" + code], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+_FINGERPRINTS = """
+import importlib
+from coldkv.numba_kernels.jit_cache import kernel_fingerprint
+for m in ["quant", "requant", "attention_cuda", "attention_mma", "attention_prefill", "rans", "layers", "sampling"]:
+    mod = importlib.import_module("coldkv.numba_kernels." + m)
+    for fn, sig in mod.PTX_SIGNATURES:
+        if not fn.targetoptions.get("device"):
+            print(m, fn.py_func.__qualname__, id(fn), kernel_fingerprint(fn))
+"""
+
+
+def test_every_kernel_has_a_fingerprint_stable_across_processes(tmp_path):
+    """numba-cuda's own closure hash (a pickle of the captured device functions) differed between
+    two processes for every factory-built kernel, so each run compiled again and wrote one more
+    file. The fingerprint must be the same in processes with different hash seeds, exist for every
+    kernel the package builds (None would leave it uncached), and differ between different kernels."""
+    runs = [[line.split() for line in _offline(_FINGERPRINTS, tmp_path, seed).splitlines()] for seed in (1, 2)]
+    assert len(runs[0]) > 50 and all(row[3] != "None" for row in runs[0])
+    assert [(m, q, fp) for m, q, _, fp in runs[0]] == [(m, q, fp) for m, q, _, fp in runs[1]]
+    kernels = {(m, q, i): fp for m, q, i, fp in runs[0]}  # a kernel may be listed with several signatures
+    assert len(set(kernels.values())) == len(kernels)
+
+
+_COMPILE = """
+import hashlib
+from coldkv.numba_kernels import layers as L
+from coldkv.numba_kernels.jit_cache import cuda_kernel
+sig = "void(float32[:,::1], uint16[:,::1])"
+capped = cuda_kernel(max_registers=32)(L.swiglu_kernel(False).py_func)
+for k in (L.swiglu_kernel(False), L.swiglu_kernel(True), capped):
+    cubin = k.compile(sig)._codelibrary.get_cubin()
+    print(sum(k._cache_hits.values()), hashlib.sha1(bytes(cubin.code)).hexdigest())
+"""
+
+
+def test_cuda_kernels_load_from_the_disk_cache_in_the_next_process(tmp_path):
+    """Compiled offline for sm_90: the first process compiles and saves, a second one (another hash
+    seed) loads each kernel's cubin instead of compiling, and gets the same bytes; a factory's two
+    variants (bf16 / fp16) and the same kernel at another max_registers are separate entries."""
+    first = [line.split() for line in _offline(_COMPILE, tmp_path, 1).splitlines()]
+    second = [line.split() for line in _offline(_COMPILE, tmp_path, 2).splitlines()]
+    assert [hits for hits, _ in first] == ["0", "0", "0"]
+    assert [hits for hits, _ in second] == ["1", "1", "1"]
+    assert [cubin for _, cubin in second] == [cubin for _, cubin in first]
+    assert len({cubin for _, cubin in first}) == 3
+    data = [f for f in tmp_path.rglob("*.nbc")]
+    assert len(data) == 3, data  # no new file per run
+
+
+def test_simulator_kernels_are_not_cached():
+    from numba import config
+
+    from coldkv.numba_kernels import layers as L
+
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("a GPU: kernels are cached")
+    assert not hasattr(L.swiglu_kernel(False), "_cache")
+
+
+_SWIGLU = """
+import hashlib
+import numpy as np
+from numba import cuda
+from coldkv.numba_kernels import layers as L
+gu = cuda.to_device(np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32))
+out = cuda.device_array((64, 256), np.uint16)
+L.launch_swiglu(gu, out, 0)
+k = L.swiglu_kernel(False)
+print(sum(k._cache_hits.values()), sum(k._cache_misses.values()), hashlib.sha1(out.copy_to_host()).hexdigest())
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_from_the_disk_cache_runs_as_compiled(tmp_path):
+    """On a GPU: the second process loads the kernel (a cache hit, no compile) and its output is
+    the compiled kernel's, bit for bit."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", _SWIGLU], env=env, capture_output=True, text=True, check=True,
+                           timeout=600).stdout.split() for _ in range(2)]
+    assert runs[0][:2] == ["0", "1"] and runs[1][:2] == ["1", "0"]
+    assert runs[1][2] == runs[0][2]
+
+
+@pytest.mark.gpu
+def test_gpu_generate_starts_faster_from_the_kernel_cache(tmp_path):
+    """`coldkv generate --device cuda` twice on the bundled model with an empty cache directory:
+    the second process loads its kernels instead of compiling them. Same tokens; the wall times
+    go to stdout (pytest -s) for the log."""
+    import subprocess
+    import sys
+    import time
+
+    from coldkv.runtime.loader import resolve_model
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("The capital of France is")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "coldkv", "generate", str(prompt), "--device", "cuda", "-n", "8", "--json",
+           "--model", str(resolve_model(None))]
+    outs, secs = [], []
+    for _ in range(2):
+        t = time.perf_counter()
+        outs.append(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=600).stdout)
+        secs.append(time.perf_counter() - t)
+    print(f"coldkv generate --device cuda, wall s: empty kernel cache {secs[0]:.1f}, warm {secs[1]:.1f}")
+    import json
+
+    assert json.loads(outs[1])["tokens"] == json.loads(outs[0])["tokens"]
+    assert secs[1] < secs[0]

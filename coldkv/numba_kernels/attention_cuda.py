@@ -41,6 +41,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels.fp import bits_f32
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4, ref_e4m3_decode
 
@@ -136,12 +137,7 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     f32 = np.float32
     u64 = np.uint64
 
-    jit = cuda.jit
-    if max_registers:
-        try:
-            jit = cuda.jit(max_registers=max_registers)
-        except TypeError:  # the simulator has no register limit
-            pass
+    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
 
     @jit
     def attn_kernel(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table,
@@ -406,7 +402,7 @@ _RED_UNROLL = 4
 _MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
 
 
-@cuda.jit
+@cuda_kernel
 def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
@@ -471,7 +467,7 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
         out[t, hq, d] = nsum / dsum
 
 
-@cuda.jit
+@cuda_kernel
 def _reduce_rows_kernel(ws_acc, ws_ml, n_splits, out):
     """Prefill chunks (many rows, few splits): a warp per row (t, hq), lane = dims lane, lane + 32,
     ..; the splits in order, no shared memory or barrier. The block-per-(row, 32 dims) kernel above

@@ -39,6 +39,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels import attention_cuda
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from numba import types
@@ -366,7 +367,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             p += 1
         return p
 
-    jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
+    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
 
     @jit
     def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):

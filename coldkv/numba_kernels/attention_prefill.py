@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
@@ -254,7 +255,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             rv[j] = r_v
             okb[j] = 1 if r_k >= 0 else 0
 
-    jit = cuda.jit(max_registers=max_registers) if max_registers else cuda.jit
+    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
 
     @jit
     def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
@@ -688,7 +689,7 @@ def _build_predecode(fmt: int, D: int, devpos: bool):
     read_pos = _pos_dev if devpos else _pos_int
     IX = np.uint64
 
-    @cuda.jit
+    @cuda_kernel
     def predecode(pos, T, L_plan, P, words, scales, table, plane, out):
         i = cuda.grid(1)
         c = i % NC

@@ -1,4 +1,5 @@
-"""`cached_njit`: numba's `njit(cache=True)` with data files named by their signature key.
+"""Disk caches of compiled kernels that processes can share safely: `cached_njit` (CPU) and
+`cuda_kernel` (GPU), numba's own caches with the four defects below fixed.
 
 Numba names a function's cached overloads `<name>.1.nbc`, `.2.nbc`, ... by their order in the
 index. Two processes compiling different signatures of one function at the same time (pytest -n,
@@ -21,14 +22,28 @@ not when a function it calls from another file does: after an edit of fp.py's sc
 quant.py's cached kernels kept running the old cores (tests/test_jit_cache.py reproduces it). So
 the stamp here also covers every .py file of the function's package folder (numba_kernels/: the
 kernels and everything they call), by content.
+
+CUDA kernels (`cuda_kernel`): numba-cuda's cache has the same three defects and a fourth. Its
+index key hashes a kernel's closure by pickling the cell contents, and for kernels built by a
+factory (attention_mma._build, ...) the pickle of the device functions they capture differs from
+process to process: every run missed and wrote one more data file (measured offline: two runs
+of one decode kernel, two `.nbc` files, 3 s of compile each). Its key also leaves out the jit
+options (max_registers). Here the key holds a fingerprint of everything a kernel's code is
+built from: its bytecode, closure values and the globals it reads, recursively through the device
+functions and intrinsics it calls (numba's own functions by name: its version is in the key). An
+object the fingerprint cannot name stably turns the cache off for that kernel rather than risk a
+wrong hit.
+Saving or loading an entry never fails a run: a miss compiles.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import types
 from pathlib import Path
 
-from numba import njit
+import numpy as np
+from numba import config, njit
 from numba.core.caching import IndexDataCacheFile, InTreeCacheLocator, UserWideCacheLocator
 
 
@@ -51,22 +66,175 @@ def _folder_stamp(folder: str) -> str:
     return h.hexdigest()
 
 
-def keyed_cache(dispatcher):
-    """Switch a `cache=True` dispatcher to key-named data files, out of the source tree, invalidated
-    by a change to any source file of its package folder; returns it."""
-    cache, impl = dispatcher._cache, dispatcher._cache._impl
-    if isinstance(impl.locator, InTreeCacheLocator):
-        user_wide = UserWideCacheLocator.from_function(dispatcher.py_func, impl.locator._py_file)
+def _rehome(cache, py_func, user_wide_cls=UserWideCacheLocator, in_tree_cls=InTreeCacheLocator) -> None:
+    """Give a numba Cache key-named data files, out of the source tree, stamped by its folder."""
+    impl = cache._impl
+    if isinstance(impl.locator, in_tree_cls):
+        user_wide = user_wide_cls.from_function(py_func, impl.locator._py_file)
         if user_wide is not None:  # else (no writable user cache dir) numba's choice stays
             impl._locator = user_wide
             cache._cache_path = user_wide.get_cache_path()
     old = cache._cache_file
-    folder = str(Path(dispatcher.py_func.__code__.co_filename).resolve().parent)
+    folder = str(Path(py_func.__code__.co_filename).resolve().parent)
     cache._cache_file = _KeyedCacheFile(cache_path=cache._cache_path, filename_base=impl.filename_base,
                                         source_stamp=(old._source_stamp, _folder_stamp(folder)))
+
+
+def keyed_cache(dispatcher):
+    """Switch a `cache=True` dispatcher to key-named data files, out of the source tree, invalidated
+    by a change to any source file of its package folder; returns it."""
+    _rehome(dispatcher._cache, dispatcher.py_func)
     return dispatcher
+
+
+def cache_usage() -> dict:
+    """Where this package's compiled kernels (CPU and CUDA) are kept, and how much is there."""
+    from coldkv.numba_kernels import attention  # a cached_njit kernel of this folder
+
+    path = Path(attention.paged_attention_cpu._cache.cache_path)
+    files = [f for f in path.glob("*") if f.is_file()] if path.is_dir() else []
+    return {"path": str(path), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
 
 
 def cached_njit(**options):
     """`@cached_njit(fastmath=...)` == `@njit(cache=True, ...)` without the cross-process race."""
     return lambda f: keyed_cache(njit(cache=True, **options)(f))
+
+
+# ------------------------------------------------------------------------------ CUDA kernels
+class _Unnamed(Exception):
+    """A closure value the fingerprint cannot name the same way in every process."""
+
+
+def _names(code) -> list[str]:
+    """Global names a code object and the code nested in it may read."""
+    out = list(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out += _names(c)
+    return out
+
+
+def _fingerprint(obj, h, seen: set) -> None:
+    """Feed h what obj contributes to a kernel's code (see the module docstring): values as such;
+    our functions by name, bytecode, defaults, closure and the globals they read (numba's and
+    numpy's by name: the versions are in the key); dispatchers and intrinsics by their Python
+    function (and options)."""
+    if isinstance(obj, (bool, int, float, str, bytes, type(None), np.generic, np.dtype)):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    elif isinstance(obj, (tuple, list)):
+        h.update(f"{type(obj).__name__}[".encode())
+        for x in obj:
+            _fingerprint(x, h, seen)
+        h.update(b"]")
+    elif isinstance(obj, dict):
+        h.update(b"dict{")
+        for k in sorted(obj, key=repr):
+            _fingerprint(k, h, seen)
+            _fingerprint(obj[k], h, seen)
+        h.update(b"}")
+    elif isinstance(obj, np.ndarray):
+        h.update(f"array:{obj.dtype.str}{obj.shape};".encode() + hashlib.sha1(np.ascontiguousarray(obj)).digest())
+    elif isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
+        h.update(f"{type(obj).__name__}:{getattr(obj, '__module__', '')}.{obj.__name__};".encode())
+    elif isinstance(obj, types.FunctionType):
+        ours = obj.__globals__.get("__name__", "").startswith("coldkv") or "__name__" not in obj.__globals__
+        h.update(f"fn:{obj.__module__}.{obj.__qualname__};".encode())
+        if not ours or id(obj) in seen:  # library code (its version is in the key), or walked already
+            return
+        seen.add(id(obj))
+        code = obj.__code__
+        h.update(hashlib.sha1(code.co_code).digest())
+        _fingerprint(obj.__defaults__, h, seen)
+        for cell in obj.__closure__ or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell: a name the factory never bound
+                raise _Unnamed(f"empty cell of {obj.__qualname__}") from None
+            _fingerprint(value, h, seen)
+        for name in _names(code):
+            if name in obj.__globals__:
+                h.update(f"global:{name}=".encode())
+                _fingerprint(obj.__globals__[name], h, seen)
+    elif hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # a dispatcher (kernel / device function)
+        h.update(f"dispatcher:{sorted(obj.targetoptions.items())!r};".encode())
+        _fingerprint(obj.py_func, h, seen)
+    elif isinstance(getattr(obj, "_defn", None), types.FunctionType):  # a numba @intrinsic
+        h.update(f"intrinsic:{obj._name};".encode())
+        _fingerprint(obj._defn, h, seen)
+    elif type(obj).__module__.startswith("numba") and "0x" not in str(obj):  # numba types: uint32, Array(...)
+        h.update(f"numba:{type(obj).__qualname__}:{obj};".encode())
+    else:
+        raise _Unnamed(f"{type(obj).__module__}.{type(obj).__qualname__}")
+
+
+def kernel_fingerprint(dispatcher) -> str | None:
+    """A hex digest of everything `dispatcher`'s machine code is built from (numba's own code aside:
+    its version is in the cache key); None when some value it reads has no stable name."""
+    h = hashlib.sha256()
+    try:
+        _fingerprint(dispatcher, h, set())
+    except _Unnamed:
+        return None
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_cache_class():
+    """numba-cuda's CUDACache keyed by kernel_fingerprint (taken at the first compile, when every
+    cell of a factory's closure is filled); a kernel without one is not cached. Loading or saving
+    an entry never fails a run."""
+    import numba_cuda
+    from numba.cuda.dispatcher import CUDACache
+
+    class KernelCache(CUDACache):
+        def __init__(self, dispatcher):
+            super().__init__(dispatcher.py_func)
+            self._dispatcher, self._fp = dispatcher, ""  # "": not taken yet
+
+        def _fingerprint(self) -> str | None:
+            if self._fp == "":
+                self._fp = kernel_fingerprint(self._dispatcher)
+            return self._fp
+
+        def _index_key(self, sig, codegen):
+            key = (sig, codegen.magic_tuple(), numba_cuda.__version__, self._fingerprint())
+            return key if self._launch_config_key is None else key + (("launch_config", self._launch_config_key),)
+
+        def load_overload(self, sig, target_context):
+            if self._fingerprint() is None:
+                return None
+            try:
+                return super().load_overload(sig, target_context)
+            except Exception:  # an unreadable entry (truncated, another version's pickle): compile
+                return None
+
+        def save_overload(self, sig, data):
+            if self._fingerprint() is None:
+                return
+            try:
+                super().save_overload(sig, data)
+            except Exception:  # a full disk, a kernel numba cannot pickle: the run goes on uncached
+                pass
+
+    return KernelCache
+
+
+def cuda_kernel(fn=None, **options):
+    """`@cuda_kernel` / `@cuda_kernel(max_registers=128)`: `cuda.jit(**options)` for a kernel, whose
+    compiled code is kept on disk (numba's cache directory) and loaded by the next process instead
+    of compiled again. Under the CUDA simulator: plain `cuda.jit`, without max_registers (it has
+    no register file)."""
+    from numba import cuda
+
+    def wrap(f):
+        if config.ENABLE_CUDASIM:
+            return cuda.jit(**{k: v for k, v in options.items() if k != "max_registers"})(f)
+        from numba.cuda.core import caching
+
+        disp = cuda.jit(**options)(f)
+        disp._cache = _kernel_cache_class()(disp)
+        _rehome(disp._cache, f, caching._UserWideCacheLocator, caching._InTreeCacheLocator)
+        return disp
+
+    return wrap(fn) if fn is not None else wrap

@@ -31,6 +31,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, f16_dec, f16_enc, global_scale_for, int8_enc
 from coldkv.numba_kernels.quant import (BF16, INT8, abs_or_inf, encode_pair, group_mult, group_scale,
                                         int8_row_scale, ref_bf16_decode, ref_bf16_encode)
@@ -102,7 +103,7 @@ def embed_kernel(F16: bool):
     per token, ROWS_IN_FLIGHT values a thread loaded before it stores."""
     dec = f16_dec if F16 else bf16_dec
 
-    @cuda.jit
+    @cuda_kernel
     def embed(tokens, table, x):
         t = cuda.blockIdx.x
         tok = tokens[t]
@@ -147,7 +148,7 @@ def rms_norm_kernel(R: int, VPL: int, F16: bool = False):
     RPB, W, NW = B // R, R // 32, B // 32  # rows a block, warps a row, warps a block
     enc = f16_enc if F16 else bf16_enc
 
-    @cuda.jit
+    @cuda_kernel
     def rms_norm(x, w, eps, out):
         tid = cuda.threadIdx.x
         row = cuda.blockIdx.x * RPB + tid // R
@@ -240,7 +241,7 @@ def qkv_rope_append_kernel(NV: int):
             if lane % 2 == 0:
                 codes[page, row, c >> 1] = encode_pair(fmt, x, x1, group_mult(sb, g), sb)
 
-    @cuda.jit
+    @cuda_kernel
     def qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
                         k_fmt, k_table, k_codes, k_scales, v_fmt, v_table, v_codes, v_scales, gscale,
                         write_pages):
@@ -312,7 +313,7 @@ def qkv_rope_append_kernel(NV: int):
     return qkv_rope_append
 
 
-@cuda.jit
+@cuda_kernel
 def kv_amax_kernel(kv, pos, part):
     """part[plane, h, b] = max |kv[plane, t, h, :]| over token slice b of the chunk's pos[1] valid
     rows (inf when a value is not finite; a padded pass has more rows than that). A grid of
@@ -340,7 +341,7 @@ def kv_amax_kernel(kv, pos, part):
         part[plane, h, b] = m
 
 
-@cuda.jit
+@cuda_kernel
 def kv_gscale_kernel(part, two_level, gscale):
     """gscale[plane, h] = global_scale_for(4 max|x|) from kv_amax_kernel's slices where
     two_level[plane], else 1: the same calibration the CPU cache makes from a layer's first chunk.
@@ -366,7 +367,7 @@ def swiglu_kernel(F16: bool):
     alias, so a load after a store waits for it, and one row at a time was one load latency a row."""
     enc = f16_enc if F16 else bf16_enc
 
-    @cuda.jit
+    @cuda_kernel
     def swiglu(gu, out):
         T, n = out.shape
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -391,7 +392,7 @@ def round16_kernel(F16: bool):
     flight (swiglu_kernel)."""
     enc = f16_enc if F16 else bf16_enc
 
-    @cuda.jit
+    @cuda_kernel
     def round16(x, out):
         n, st = x.shape[0], cuda.gridsize(1)
         v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
@@ -405,7 +406,7 @@ def round16_kernel(F16: bool):
     return round16
 
 
-@cuda.jit
+@cuda_kernel
 def add_bias_kernel(y, b):
     """y [T, n] f32 += b [n]; laid out as swiglu_kernel (no per-element division, loads first)."""
     T, n = y.shape

@@ -35,7 +35,7 @@ import numpy as np
 from numba import config, cuda
 from numba.extending import register_jitable
 
-from coldkv.numba_kernels.jit_cache import cached_njit
+from coldkv.numba_kernels.jit_cache import cached_njit, cuda_kernel
 from coldkv.numba_kernels.ptx import prmt
 from coldkv.numba_kernels.fp import (
     E4M3_MAX,
@@ -937,7 +937,7 @@ def _make_append(F):
     GL_FIXED = 4 if F == C4G64 else 1  # lanes sharing a scale (int8: D / 16, set at run time)
     GSH = 6 if F == C4G64 else 4
 
-    @cuda.jit
+    @cuda_kernel
     def append(x, pos0, table, codes, scales, gscale):
         T, H, D = x.shape
         P = codes.shape[1]
@@ -1087,7 +1087,7 @@ def _make_dequant(F):
     SH = 6 if F == C4G64 else 4  # 4-bit: log2 of the group
     T3, T2 = _DEC_T3.get(F, (0, 0)), _DEC_T2.get(F, (0, 0))
 
-    @cuda.jit
+    @cuda_kernel
     def dequant(codes, scales, pages, gs, out):
         n, P, D = out.shape
         lane = cuda.threadIdx.x & 31

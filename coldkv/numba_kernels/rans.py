@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, int32, njit, uint32, uint64
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
+
 LANES = 32
 STATE_L = 1 << 16  # lower end of the state interval
 NIB_TOTAL = 256  # each nibble table sums to 2^8 -> pair model sums to 2^16
@@ -567,7 +569,7 @@ def cpu_decode_page(s16, base, h, codes, scales, tab, st):
 # CUDA: encoder kernel (one thread per page running the shared serial code) and warp decoder.
 # --------------------------------------------------------------------------------------------
 
-@cuda.jit
+@cuda_kernel
 def encode_pages_kernel(codes, scales, gbits, fmt, tokens, head_dim, out, lengths):
     """codes uint8[P, n_codes], scales uint8[P, n_scales], gbits uint32[P] -> out uint8[P, cap],
     lengths int32[P]. One thread per page; byte-identical to the CPU encoder (same source)."""
@@ -785,7 +787,7 @@ def warp_decode_page(s16, base, nbytes, codes, codes_off, codes_cap, scales, sca
 RESTORE_WARPS = 4  # warps per block of the restore kernel (4 KB of shared tables each)
 
 
-@cuda.jit
+@cuda_kernel
 def restore_pages_kernel(pool16, slot_word_off, slot_bytes, codes, scales, gbits, status):
     """Decode slots back to pages, a warp per slot.
 

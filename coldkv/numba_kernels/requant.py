@@ -10,9 +10,10 @@ quant.py.
 from __future__ import annotations
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 from numba.extending import register_jitable
 
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels.ptx import prmt
 from coldkv.numba_kernels.quant import (  # the codec kernels' scalar cores, asm and launch helpers
     BF16, INT8, NVFP4, ISO3, C4G64, E4M3_NAN, F32_MAX, FORMAT_IDS, _CODE_T, _SCALE_T, _FULL,
@@ -597,7 +598,7 @@ def _make_requant(F):
             emit(F, w, sw, s, stp, row, g, gm, r, o32, ob + 8 * u)
 
     # 16 warps per SM (bf16 and nvfp4 take 168 and 137 registers uncapped; no spills at 128)
-    @cuda.jit(**({} if config.ENABLE_CUDASIM else {"max_registers": 128}))
+    @cuda_kernel(max_registers=128)
     def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
         P = codes.shape[1]
         D = out_codes.shape[2] * 2

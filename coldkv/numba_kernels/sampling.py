@@ -25,6 +25,7 @@ from numba import cuda
 from numba.extending import register_jitable
 
 from coldkv.numba_kernels.fp import f32_bits
+from coldkv.numba_kernels.jit_cache import cuda_kernel
 
 MAX_THREADS = 1024
 _M32 = 0xFFFFFFFF
@@ -150,7 +151,7 @@ def _argmax(v, i, vbuf, ibuf):
     return r
 
 
-@cuda.jit
+@cuda_kernel
 def sample_kernel(logits, params, state, out):
     """logits [V] f32; params [3] f32 (temperature, top_k, top_p); state [2] int64 (seed, step),
     step advanced by one; out [1] int32 <- the token. One block, blockDim a power of two <= 1024."""

@@ -135,10 +135,16 @@ def info_command(*, model: str | None, json_out: bool) -> None:
         "qk_norm": args.qk_norm, "qkv_bias": args.attention_bias, "rope": rope_text,
         "eos_token_ids": list(args.eos_token_ids),
     }
+    from coldkv.numba_kernels.jit_cache import cache_usage
+
+    cache = cache_usage()
     if json_out:
-        sys.stdout.write(json.dumps({"device": device, "model": summary, "kv_tables": tables}) + "\n")
+        sys.stdout.write(json.dumps({"device": device, "model": summary, "kv_tables": tables,
+                                     "kernel_cache": cache}) + "\n")
         return
     out.print(f"[bold]device[/bold]  cpu: {device['cpu']}; cuda: {device['cuda']}", highlight=False, soft_wrap=True)
+    out.print(f"[bold]kernels[/bold] compiled once, kept in {cache['path']} ({cache['files']} files, "
+              f"{cache['bytes'] / 2**20:.1f} MiB; delete it to recompile)", highlight=False, soft_wrap=True)
     out.print(f"[bold]model[/bold]   {model_dir}", highlight=False, soft_wrap=True)
     out.print(
         f"        {args.architecture}, {n_params / 1e6:.1f}M params ({'/'.join(dtypes)}), {args.num_hidden_layers} layers, "
