@@ -6,11 +6,14 @@
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash bench/h200_run.sh <commit> [parts] [seconds]
 # parts, comma-separated (default tests,decode,codecs,generate):
 #   tests     the whole gpu suite, -n 8 (~290-370 s)
-#   backend   only the CUDA backend's and the sampling kernel's gpu tests (when only the runtime changed)
+#   backend   only the CUDA backend's, the sampling kernel's and the kernel cache's gpu tests (when only
+#             the runtime changed)
 #   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
+#   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
+#             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps (~20 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
 #   wgmma     bench/wgmma_probe.py (a process per case, ~1-2 min)
@@ -34,7 +37,7 @@ save() {
 }
 W=0  # the process the next bench waits for before timing
 TESTS=""
-has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py"
+has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py tests/test_jit_cache.py"
 has tests && TESTS=tests/
 if [ -n "$TESTS" ]; then
   timeout $(( $(left) < 420 ? $(left) : 420 )) python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider $TESTS \
@@ -62,6 +65,9 @@ save
 has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" \
   --repeats $([ $(left) -gt 150 ] && echo 2 || echo 1) --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
 save
+has startup && [ $(left) -gt 90 ] && timeout $(left) python3 bench/startup.py --commit "$C" \
+  --out "$OUT/startup.json" > "$OUT/startup.log" 2>&1
+save
 has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
   --table nvfp4 --decode 64 --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 save
@@ -84,6 +90,7 @@ for l in sys.stdin:
           f\"{r.get('coldkv_graph_us', 0):.1f} us\", f\"sdpa {r['sdpa_bf16_us']:.1f}\", f\"x{r.get('speedup_graph', 0):.2f}\")"
 grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
+grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
