@@ -20,8 +20,9 @@ cache directory set by the user (NUMBA_CACHE_DIR) is kept.
 numba invalidates a cache when the function's own source file changes (its stamp: mtime and size),
 not when a function it calls from another file does: after an edit of fp.py's scalar cores alone,
 quant.py's cached kernels kept running the old cores (tests/test_jit_cache.py reproduces it). So
-the stamp here also covers every .py file of the function's package folder (numba_kernels/: the
-kernels and everything they call), by content.
+the stamp here is every .py file of the function's package folder (numba_kernels/: the kernels
+and everything they call), by content: a reinstall or a copy of the same sources (new mtimes)
+keeps the cache, any edit there drops it.
 
 CUDA kernels (`cuda_kernel`): numba-cuda's cache has the same three defects and a fourth. Its
 index key hashes a kernel's closure by pickling the cell contents, and for kernels built by a
@@ -74,10 +75,9 @@ def _rehome(cache, py_func, user_wide_cls=UserWideCacheLocator, in_tree_cls=InTr
         if user_wide is not None:  # else (no writable user cache dir) numba's choice stays
             impl._locator = user_wide
             cache._cache_path = user_wide.get_cache_path()
-    old = cache._cache_file
     folder = str(Path(py_func.__code__.co_filename).resolve().parent)
     cache._cache_file = _KeyedCacheFile(cache_path=cache._cache_path, filename_base=impl.filename_base,
-                                        source_stamp=(old._source_stamp, _folder_stamp(folder)))
+                                        source_stamp=_folder_stamp(folder))
 
 
 def keyed_cache(dispatcher):
