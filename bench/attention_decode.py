@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 import traceback
@@ -43,7 +42,7 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import clocks_under_load, git_commit  # noqa: E402
+from benchutil import clocks_under_load, git_commit, versions  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import attention_mma as M  # noqa: E402
@@ -72,20 +71,6 @@ DEFAULT_VARIANTS = ["int8@k8off"]  # what a run adds at --variant-contexts (@ws1
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
-
-
-def versions():
-    import numba
-    import torch
-
-    out = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-           "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    try:
-        import importlib.metadata as md
-        out["numba_cuda"] = md.version("numba-cuda")
-    except Exception:
-        pass
-    return out
 
 
 # ------------------------------------------------------------------------------ data on device

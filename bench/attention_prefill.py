@@ -45,7 +45,8 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attention_decode import P, event_time, make_plane, torch_dequant, versions  # noqa: E402
+from benchutil import versions  # noqa: E402
+from attention_decode import P, event_time, make_plane, torch_dequant  # noqa: E402
 from benchutil import git_commit  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402

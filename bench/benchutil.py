@@ -18,6 +18,24 @@ def git_commit(arg: str | None = None) -> str:
         return "unknown"
 
 
+def versions() -> dict:
+    """The software a GPU benchmark ran on (torch required; transformers where installed)."""
+    import importlib.metadata as md
+    import platform
+
+    import numpy as np
+    import torch
+
+    out = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda}
+    for name in ("numba", "numba-cuda", "transformers"):
+        try:
+            out[name.replace("-", "_")] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
 def prompt_ids(tok, n: int) -> list[int]:
     """n token ids: the examples' texts, tokenized and repeated to the length."""
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit, prompt_ids  # noqa: E402
+from benchutil import git_commit, prompt_ids, versions  # noqa: E402
 
 import coldkv  # noqa: E402
 from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
@@ -185,20 +184,18 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     results.append(row)
             del backends
-            write(a, torch, transformers, graph_ab, results)  # after each prompt: a cut-short run keeps its rows
+            write(a, torch, graph_ab, results)  # after each prompt: a cut-short run keeps its rows
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {a.out}")
 
 
-def write(a, torch, transformers, graph_ab, results) -> None:
+def write(a, torch, graph_ab, results) -> None:
     out = {
         "command": "python " + " ".join(sys.argv),
         "device": torch.cuda.get_device_name(0),
         "commit": git_commit(a.commit),
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__,
-                     "numba_cuda": __import__("importlib.metadata").metadata.version("numba-cuda")},
+        "versions": versions(),
         "decode_launch_overhead": graph_ab,
         "results": results,
     }

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import git_commit, versions  # noqa: E402
 
 import coldkv  # noqa: E402
 
@@ -59,7 +58,6 @@ def main() -> None:
 
     import numpy as np
     import torch
-    import transformers
 
     tmp = Path(tempfile.mkdtemp())
     prompt = tmp / "prompt.txt"
@@ -83,9 +81,7 @@ def main() -> None:
         "command": "python " + " ".join(sys.argv),
         "device": torch.cuda.get_device_name(0),
         "commit": git_commit(a.commit),
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__,
-                     "numba_cuda": __import__("importlib.metadata").metadata.version("numba-cuda")},
+        "versions": versions(),
         "results": [row],
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
