@@ -107,7 +107,9 @@ def _kernel_kw(kernel):
             **{"mma_" + k: {"kernel": "mma", **A.PREFILL_KERNELS[k]} for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s")},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
-            "mma_k8off": {"kernel": "mma", "mma_k8": False}}.get(kernel, {"kernel": kernel})
+            "mma_k8off": {"kernel": "mma", "mma_k8": False},
+            # q's fragments in shared memory at 96 registers (5 blocks an SM)
+            "mma_qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -273,6 +275,26 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
                                vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
                                cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
                                kernel="mma", mma_pipe=pipe)
+        outs.append(out.copy_to_host())
+    assert np.isfinite(outs[0]).all()
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("kname,vname", [("int8", "iso3"), pytest.param("nvfp4", "int8", marks=SIM_SLOW)])
+def test_decode_with_q_in_shared_memory_equals_registers(kname, vname):
+    """mma_qsmem keeps q's MMA fragments in shared memory (int8 keys' s8 parts, or the fp16 pairs):
+    the same products in the same order, so bitwise the register build (9 pages over the warps)."""
+    kf, vf, G, D, L, P, H = FMTS[kname], FMTS[vname], 2, 64, 70, 8, 1
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 5)
+    q = np.random.default_rng(6).standard_normal((1, G * H, D)).astype(np.float32)
+    (kc, ks), (vc, vs) = pools
+    outs = []
+    for qsmem in (False, True):
+        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
+        A.paged_attention_cuda(cuda.to_device(q), out, L - 1, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
+                               vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
+                               cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
+                               kernel="mma", mma_qsmem=qsmem)
         outs.append(out.copy_to_host())
     assert np.isfinite(outs[0]).all()
     np.testing.assert_array_equal(outs[0], outs[1])
@@ -518,11 +540,12 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma", "mma_k8off"])
+@pytest.mark.parametrize("kernel", ["mma", "mma_k8off", "mma_qs96"])
 @pytest.mark.parametrize("vname,G,D,P", [("int8", 4, 128, 64), ("nvfp4", 8, 64, 16), ("bf16", 6, 256, 32),
                                          ("iso3", 3, 128, 8)])
 def test_gpu_decode_int8_keys(vname, G, D, P, kernel):
-    """int8 keys on s8 tensor cores (k8, the default) and decoded to fp16, on the device."""
+    """int8 keys on s8 tensor cores (k8, the default), decoded to fp16, and with q in shared memory
+    (qsmem at 96 registers: the int8 decode candidate for 5 blocks an SM), on the device."""
     res = run_case(Q.INT8, FMTS[vname], G=G, D=D, L=20000 + 33, H=2, P=P, seed=G * D + P,
                    ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel=kernel)
     check(*res)

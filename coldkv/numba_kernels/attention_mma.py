@@ -114,7 +114,7 @@ def supports_k8(kf: int, G: int, D: int) -> bool:
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, k8: bool = False):
+           pipe: bool = False, k8: bool = False, qsmem: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -146,7 +146,12 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     if k8 and not supports_k8(kf, G, D):
         raise ValueError(f"attention_mma: k8 needs int8 keys (K={kf})")
     I8 = bool(k8)
-    QA8 = (NS // 2, 4)
+    # qsmem: q's A fragments in shared memory, a lane's words at [warp, ..., lane] (conflict-free),
+    # instead of 16 registers: int8 then fits 96 registers (8 spilled bytes, per page) and 5 blocks
+    # an SM instead of 4 (the kernel waits on its loads; kernels.md "Where each kernel stands")
+    QS = bool(qsmem)
+    QL = (NS // 2, 4, 1) if I8 else (2, NS, 1)  # in registers: a lane's own [..., 0]
+    QSA = (NWARPS,) + QL[:2] + (32,) if QS else (1, 1, 1, 1)
     KSC = np.float32(2.0 ** 14 if kf == NVFP4 else 1.0)  # the E2M1 decode's 2^-14, undone in fp32
     VSC = np.float32(2.0 ** 14 if vf == NVFP4 else 1.0)
     read_pos = _pos_dev if devpos else _pos_int
@@ -237,7 +242,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     vrs[v, i] = v_scales[IX(row)]
 
     @cuda.jit(device=True, inline=True)
-    def scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig):
+    def scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql):
         """K phase: S[g, tok] of the chunk's NT 8-token tiles into sv (-inf past nval)."""
         kb0 = u32((tig * GPL) & 3)  # byte of this lane's first scale group in ksc[u, 0]
         for u in range(NT):
@@ -257,7 +262,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     w = kreg[u, s]
                     b0 = dec_i8(w, 0x5140)
                     b1 = dec_i8(w, 0x7362)
-                c_0, c_1, r2, r3 = mma_k(qa0[s], 0, qa1[s], 0, b0, b1, c_0, c_1, f32(0.0), f32(0.0))
+                c_0, c_1, r2, r3 = mma_k(qa[0, s, ql], 0, qa[1, s, ql], 0, b0, b1, c_0, c_1, f32(0.0), f32(0.0))
             if kf == INT8:
                 c_0 *= krs[u, 0]
                 c_1 *= krs[u, 1]
@@ -269,7 +274,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             sv[u, 1] = c_1 if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
-    def scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig):
+    def scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig, ql):
         """I8's K phase: S[g, tok] of the chunk's 8-token tiles into sv (-inf past nval)."""
         for u in range(NT):
             i_0 = i32(0)
@@ -277,7 +282,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             i_2 = i32(0)
             i_3 = i32(0)
             for s in range(NS // 2):
-                i_0, i_1, i_2, i_3 = mma_s8(qa8[s, 0], qa8[s, 1], qa8[s, 2], qa8[s, 3], kreg[u, 2 * s],
+                i_0, i_1, i_2, i_3 = mma_s8(qa8[s, 0, ql], qa8[s, 1, ql], qa8[s, 2, ql], qa8[s, 3, ql], kreg[u, 2 * s],
                                             kreg[u, 2 * s + 1], i_0, i_1, i_2, i_3)
             tok = c0 + 8 * u + 2 * tig  # c_0 | c_2: q's hi | lo rows of head gid, token 2 tig (c_1 | c_3: + 1)
             x0 = f32(i_0 * i32(256) + i_2) * krs[u, 0] * kc
@@ -394,10 +399,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         p_end = min(p_begin + ppw, npages)
 
         # ---- q as the A operand (rows g = gid, rows 8..15 zero), dims in the order of the K decode
-        qa0 = cuda.local.array(NS, np.uint32)
-        qa1 = cuda.local.array(NS, np.uint32)
-        for s in range(0 if I8 else NS):  # (int8 keys on s8 MMAs take q as qa8, below)
-            if K4:  # word tig * WPL + (s >> 1): nibbles (a, a + 4) in qa0, (a + 1, a + 5) in qa1
+        qsm = cuda.shared.array(QSA, np.uint32)  # (qsmem) [warp, ..., lane]
+        qa = qsm[warp] if QS else cuda.local.array(QL, np.uint32)  # [2, NS, lane or 1] | I8: [NS / 2, 4, ...]
+        ql = lane if QS else 0
+        for s in range(0 if I8 else NS):  # (int8 keys on s8 MMAs take q in int8 parts, below)
+            if K4:  # word tig * WPL + (s >> 1): nibbles (a, a + 4) in qa[0], (a + 1, a + 5) in qa[1]
                 d0 = 8 * (tig * WPL + (s >> 1)) + 2 * (s & 1)
                 d1 = d0 + 4
                 d2 = d0 + 1
@@ -421,10 +427,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 x1 = q[t, hq0 + gid, d1] * qscale
                 x2 = q[t, hq0 + gid, d2] * qscale
                 x3 = q[t, hq0 + gid, d3] * qscale
-            qa0[s] = pack_k(x0, x1)
-            qa1[s] = pack_k(x2, x3)
+            qa[0, s, ql] = pack_k(x0, x1)
+            qa[1, s, ql] = pack_k(x2, x3)
 
-        qa8 = cuda.local.array(QA8, np.uint32)  # I8: A of each k32 step (hi, lo, hi, lo)
         if I8:
             mq = f32(0.0)
             for g in range(G):
@@ -450,8 +455,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                             vh = (v + 128) >> 8  # q16 = 256 vh + vl, vl in [-128, 127]
                             hi |= u32((vh & 0xFF) << (8 * i))
                             lo |= u32(((v - (vh << 8)) & 0xFF) << (8 * i))
-                    qa8[s, 2 * half] = hi
-                    qa8[s, 2 * half + 1] = lo
+                    qa[s, 2 * half, ql] = hi  # A of each k32 step: (hi, lo, hi, lo)
+                    qa[s, 2 * half + 1, ql] = lo
         acc = cuda.local.array((NS, 4), np.float32)  # O^T fragments: (row d, col g 2tig | 2tig+1)
         for j in range(NS):
             for i in range(4):
@@ -483,9 +488,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
                 if I8:
-                    scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig)
+                    scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
                 else:
-                    scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                    scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
                 p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
                 if c1 >= nval:
                     c1 = 0
@@ -510,9 +515,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 for c0 in range(0, nval, CH):
                     load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
                     if I8:
-                        scores_i8(qa8, kreg, krs, sv, kc, c0, nval, tig)
+                        scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
                     else:
-                        scores(qa0, qa1, kreg, ksc, krs, sv, kc, c0, nval, tig)
+                        scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
                     m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
@@ -570,8 +575,9 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False, k8: bool = False):
-    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8))
+               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False):
+    key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
+           bool(qsmem))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -598,7 +604,9 @@ def _ptx_signatures():
             (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),
             (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3)),
             (get_kernel(INT8, INT8, 4, 128, True, k8=True), kernel_sig(INT8, INT8, True)),
-            (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4))]
+            (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4)),
+            (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=96, qsmem=True), kernel_sig(NVFP4, NVFP4, True))]
     return out
 
 
