@@ -97,8 +97,14 @@ def cache_usage() -> dict:
 
 
 def cached_njit(**options):
-    """`@cached_njit(fastmath=...)` == `@njit(cache=True, ...)` without the cross-process race."""
-    return lambda f: keyed_cache(njit(cache=True, **options)(f))
+    """`@cached_njit(fastmath=...)` == `@njit(cache=True, ...)` without the cross-process race; plain
+    `njit` where no cache directory is writable (numba raises then)."""
+    def wrap(f):
+        try:
+            return keyed_cache(njit(cache=True, **options)(f))
+        except RuntimeError:  # "cannot cache function ...: no locator available"
+            return njit(**options)(f)
+    return wrap
 
 
 # ------------------------------------------------------------------------------ CUDA kernels
@@ -233,8 +239,12 @@ def cuda_kernel(fn=None, **options):
         from numba.cuda.core import caching
 
         disp = cuda.jit(**options)(f)
-        disp._cache = _kernel_cache_class()(disp)
-        _rehome(disp._cache, f, caching._UserWideCacheLocator, caching._InTreeCacheLocator)
+        try:
+            cache = _kernel_cache_class()(disp)
+        except RuntimeError:  # no writable cache directory: compiled in every process
+            return disp
+        _rehome(cache, f, caching._UserWideCacheLocator, caching._InTreeCacheLocator)
+        disp._cache = cache
         return disp
 
     return wrap(fn) if fn is not None else wrap
