@@ -91,6 +91,7 @@ def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
     (pkg / "a.py").write_text((pkg / "a.py").read_text().replace("x + 1", "x + 2"))
     assert run() == ["30", "0"]  # recompiled: the callee's file changed
     assert run() == ["30", "1"]
+    assert len(list((tmp_path / "cache").rglob("*.nbc"))) == 1  # the old sources' file is gone
 
 
 # ------------------------------------------------------------------------------ CUDA kernels

@@ -8,7 +8,9 @@ other's machine code. Loading it, numba unboxes the arguments as the other signa
 checks only ndim and itemsize: seen on the H200 as "can't unbox array from PyObject" (pytest -n 4);
 with two formats whose codes share an itemsize (int8 vs uint8) it would run on misread data.
 Naming each file by a hash of its key makes a collision impossible; the index race that remains
-only loses an entry (a recompile).
+only loses an entry (a recompile). A save that finds the index written by another numba or for
+other sources deletes the function's old data files, so the cache does not grow with every edit
+or upgrade.
 
 Where numba would cache next to the source (its in-tree `__pycache__`), the cache goes to numba's
 user-wide cache directory instead: in a regular (non-editable) install that `__pycache__` is inside
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
 import types
 from pathlib import Path
 
@@ -51,11 +54,27 @@ from numba.core.caching import IndexDataCacheFile, InTreeCacheLocator, UserWideC
 class _KeyedCacheFile(IndexDataCacheFile):
     def save(self, key, data):
         overloads = self._load_index()
+        if not overloads and self._stale_index():  # its data files are dead (numba leaves them)
+            for f in Path(self._cache_path).glob(self._data_name_pattern.replace("{number:d}", "*")):
+                f.unlink(missing_ok=True)
         name = self._data_name_pattern.replace("{number:d}", hashlib.sha1(self._dump(key)).hexdigest()[:20])
         if overloads.get(key) != name:
             overloads[key] = name
             self._save_index(overloads)
         self._save_data(name, data)
+
+    def _stale_index(self) -> bool:
+        """Whether an index file exists that another numba version or other sources wrote."""
+        try:
+            with open(self._index_path, "rb") as f:
+                if pickle.load(f) != self._version:
+                    return True
+                stamp, _ = pickle.loads(f.read())
+        except FileNotFoundError:
+            return False
+        except Exception:  # unreadable: as good as stale
+            return True
+        return stamp != self._source_stamp
 
 
 @functools.lru_cache(maxsize=None)
