@@ -91,7 +91,9 @@ def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
     (pkg / "a.py").write_text((pkg / "a.py").read_text().replace("x + 1", "x + 2"))
     assert run() == ["30", "0"]  # recompiled: the callee's file changed
     assert run() == ["30", "1"]
-    assert len(list((tmp_path / "cache").rglob("*.nbc"))) == 1  # the old sources' file is gone
+    (pkg / "b.py").write_text((pkg / "b.py").read_text().replace("f(x) * 10", "(f(x) - 1) * 10"))
+    assert run() == ["20", "0"]  # its own code changed: a new key, a new data file
+    assert len(list((tmp_path / "cache").rglob("*.nbc"))) == 1  # the old one is deleted
 
 
 # ------------------------------------------------------------------------------ CUDA kernels
