@@ -352,16 +352,18 @@ class CUDABackend:
         self._use_sampler(sampler)
         pending: deque = deque()  # (event after the step's token copy, host slot of that token)
         staged = None  # event after the last step's table and position uploads (pinned sources)
-        enqueued = consumed = 0
+        enqueued = drawn = consumed = 0
+        base = cache.length  # an exception inside enqueue() may leave a step half done: undo by counts
 
         def enqueue() -> None:
-            nonlocal enqueued, staged
+            nonlocal enqueued, drawn, staged
             if staged is not None:  # the pinned table and position may change once their copies ran
                 staged.synchronize()
             pos0 = self._stage(None if enqueued else [token], cache)  # later ids: drawn on the device
             staged = cuda.event(timing=False)
             staged.record(s)
             self._sample_step(pos0, cache)
+            drawn += 1
             slot = self.sample_host[enqueued % 2]
             self.tok[:1].copy_to_host(slot, stream=s)
             done = cuda.event(timing=False)
@@ -379,11 +381,11 @@ class CUDABackend:
                 consumed += 1
                 yield int(slot[0])
         finally:
-            if enqueued > consumed:  # steps the caller did not read: undone, as if never run
+            if cache.length > base + consumed or drawn > consumed:  # steps nobody read: undone, as if never run
                 s.synchronize()
-                cache.trim(enqueued - consumed)
+                cache.trim(cache.length - base - consumed)
                 state = self.sample_state.copy_to_host()
-                state[1] -= enqueued - consumed  # the sampler's draw counter
+                state[1] -= drawn - consumed  # the sampler's draw counter
                 self.sample_state.copy_to_device(state)
 
     def _use_sampler(self, sampler: Sampler) -> None:
