@@ -7,7 +7,8 @@ compile and once to capture its graphs; then (new caches of the same size reuse 
 memory and replay the graphs) once timed plainly and once under torch.profiler, which records every kernel of the
 process (Numba's, cuBLAS's) through CUPTI. Writes the wall time, the summed GPU time per kernel
 name (top --top), the GPU-busy total and wall - busy (time the GPU waited on the host: eager
-chunks, graph capture and instantiation, the logits copy). --host adds one run under cProfile:
+chunks, graph capture and instantiation, the logits copy), and where that idle time falls
+(`gpu_idle`: before the first kernel, between kernels with the largest gaps named, after the last). --host adds one run under cProfile:
 the host functions with the most own time (what an eager chunk's ~90 launches cost in Python).
 --decode N adds N greedy decode steps after a prompt (graph replays, as `generate` runs them): wall
 and GPU-busy ms per token and the kernels by GPU time per token.
@@ -59,6 +60,31 @@ def kernel_times(prof, n_top: int) -> tuple[list, float, int]:
     return [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top], merged / 1e3, len(busy)
 
 
+def gpu_gaps(prof, host_range: str, n_top: int = 8) -> dict | None:
+    """Where the GPU waited during the torch.profiler record_function range `host_range`: ms from the
+    range's start to the first GPU operation (kernel, copy or memset), between consecutive
+    operations (summed; the n_top largest with the operations around them) and from the last one
+    to the range's end. None without the range."""
+    host = [e for e in prof.events() if e.name == host_range and e.device_type.name == "CPU"]
+    if not host:
+        return None
+    t0, t1 = host[0].time_range.start, host[0].time_range.end
+    ops = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type.name == "CUDA" and t0 <= e.time_range.start <= t1)
+    if not ops:
+        return None
+    gaps, end, last = [], ops[0][1], ops[0][2]
+    for start, stop, name in ops[1:]:
+        if start > end:
+            gaps.append((start - end, last, name))
+        if stop >= end:
+            end, last = stop, name
+    gaps.sort(key=lambda g: -g[0])
+    return {"before_first_ms": round((ops[0][0] - t0) / 1e3, 3), "after_last_ms": round((t1 - end) / 1e3, 3),
+            "between_ms": round(sum(g[0] for g in gaps) / 1e3, 3), "between_count": len(gaps),
+            "largest": [{"ms": round(g / 1e3, 3), "after": a[:80], "before": b[:80]} for g, a, b in gaps[:n_top]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", type=int, default=32768)
@@ -82,20 +108,22 @@ def main() -> None:
         cache = backend.new_cache(table, a.prompt + 1)
         torch.cuda.synchronize()
         t = time.perf_counter()
-        backend.prefill(ids, cache)
-        torch.cuda.synchronize()
+        with torch.profiler.record_function("coldkv.prefill"):  # the host range gpu_gaps measures against
+            backend.prefill(ids, cache)
+            torch.cuda.synchronize()
         return time.perf_counter() - t
 
     run()  # compile every variant
     run()  # capture the graphs (kept: the next caches reuse this one's device memory)
     wall_plain = run()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         wall = run()
     top, busy_ms, n_kernels = kernel_times(prof, a.top)
     out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
            "commit": git_commit(a.commit), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
-           "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top}
+           "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top,
+           "gpu_idle": gpu_gaps(prof, "coldkv.prefill")}
     if a.decode:  # decode steps after the prompt: graph replays, as generate runs them
         from coldkv.runtime.sampling import Sampler, SamplingParams
 
