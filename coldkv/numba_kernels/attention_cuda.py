@@ -609,10 +609,11 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # 100.0) and to 130 at d26488a (3 blocks per SM: 111.9 us). bf16: software-pipelined loads, uncapped
 # (166 registers, 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1
 # at 128 registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
-# nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5).
-_MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True), (NVFP4, NVFP4, 4, 128): (0, 128, False),
-              (INT8, INT8, 4, 128): (0, 128, False),
-              (ISO3, ISO3, 4, 128): (0, 128, False), (NVFP4, ISO3, 4, 128): (0, 128, False)}
+# nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5). Entries: (mma_tiles, max_registers, mma_pipe,
+# mma_qsmem); qsmem (q in shared memory) is untimed so far: `int8@qs96` in bench/attention_decode.py.
+_MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False), (NVFP4, NVFP4, 4, 128): (0, 128, False, False),
+              (INT8, INT8, 4, 128): (0, 128, False, False),
+              (ISO3, ISO3, 4, 128): (0, 128, False, False), (NVFP4, ISO3, 4, 128): (0, 128, False, False)}
 
 
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
@@ -724,7 +725,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=False):
+                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -756,7 +757,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored. mma_qsmem: the decode kernel keeps q's MMA
     fragments in shared memory instead of registers (attention_mma._build's qsmem; with a lower
-    max_registers, more blocks an SM).
+    max_registers, more blocks an SM). mma_tiles, max_registers, mma_pipe and mma_qsmem all unset:
+    `_MMA_TUNED`'s setting for the (K, V, G, D).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -842,15 +844,16 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if use_mma:
         from coldkv.numba_kernels import attention_mma
 
-        if not mma_tiles and max_registers is None and mma_pipe is None:
-            mma_tiles, max_registers, mma_pipe = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False))
+        if not mma_tiles and max_registers is None and mma_pipe is None and mma_qsmem is None:
+            mma_tiles, max_registers, mma_pipe, mma_qsmem = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D),
+                                                                           (0, None, False, False))
         k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, bool(mma_pipe),
-                                        k8, mma_qsmem)
+                                        k8, bool(mma_qsmem))
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              bool(mma_pipe), k8, mma_qsmem)
+                                              bool(mma_pipe), k8, bool(mma_qsmem))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
