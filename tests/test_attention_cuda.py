@@ -258,46 +258,42 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, chb=128)
 
 
-def test_pipelined_decode_equals_plain_with_unallocated_pages():
-    """The software-pipelined decode loop (mma_pipe) walks the same chunks in the same order as the
-    plain one, skipping unallocated (-1) pages: bitwise equal outputs, holes and a part page included."""
-    kf, vf, G, D, L, P, H = Q.NVFP4, Q.INT8, 2, 64, 150, 16, 1
-    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 3)
+def _decode_builds_equal(kf, vf, L, P, seed, knobs, holes=()):
+    """Decode (G 2, d 64, one kv head) with the tensor-core kernel under each knob setting of `knobs`
+    (paged_attention_cuda keywords) over one cache, (plane, page) entries of `holes` unallocated:
+    the outputs are finite and bitwise equal."""
+    G, D, H = 2, 64, 1
+    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, seed)
     table = table.copy()
-    table[0, 0, 2] = -1  # K page missing
-    table[1, 0, 5] = -1  # V page missing
-    q = np.random.default_rng(4).standard_normal((1, G * H, D)).astype(np.float32)
+    for plane, page in holes:
+        table[plane, 0, page] = -1
+    q = np.random.default_rng(seed + 1).standard_normal((1, G * H, D)).astype(np.float32)
     (kc, ks), (vc, vs) = pools
     outs = []
-    for pipe in (False, True):
+    for kw in knobs:
         out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
         A.paged_attention_cuda(cuda.to_device(q), out, L - 1, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
                                vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
                                cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
-                               kernel="mma", mma_pipe=pipe)
+                               kernel="mma", **kw)
         outs.append(out.copy_to_host())
     assert np.isfinite(outs[0]).all()
-    np.testing.assert_array_equal(outs[0], outs[1])
+    for o in outs[1:]:
+        np.testing.assert_array_equal(outs[0], o)
+
+
+def test_pipelined_decode_equals_plain_with_unallocated_pages():
+    """The software-pipelined decode loop (mma_pipe) walks the same chunks in the same order as the
+    plain one, skipping unallocated (-1) pages: bitwise equal outputs, holes and a part page included."""
+    _decode_builds_equal(Q.NVFP4, Q.INT8, 150, 16, 3, [{"mma_pipe": False}, {"mma_pipe": True}],
+                         holes=[(0, 2), (1, 5)])  # a K page and a V page missing
 
 
 @pytest.mark.parametrize("kname,vname", [("int8", "iso3"), pytest.param("nvfp4", "int8", marks=SIM_SLOW)])
 def test_decode_with_q_in_shared_memory_equals_registers(kname, vname):
     """mma_qsmem keeps q's MMA fragments in shared memory (int8 keys' s8 parts, or the fp16 pairs):
     the same products in the same order, so bitwise the register build (9 pages over the warps)."""
-    kf, vf, G, D, L, P, H = FMTS[kname], FMTS[vname], 2, 64, 70, 8, 1
-    pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, 5)
-    q = np.random.default_rng(6).standard_normal((1, G * H, D)).astype(np.float32)
-    (kc, ks), (vc, vs) = pools
-    outs = []
-    for qsmem in (False, True):
-        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
-        A.paged_attention_cuda(cuda.to_device(q), out, L - 1, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
-                               vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
-                               cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
-                               kernel="mma", mma_qsmem=qsmem)
-        outs.append(out.copy_to_host())
-    assert np.isfinite(outs[0]).all()
-    np.testing.assert_array_equal(outs[0], outs[1])
+    _decode_builds_equal(FMTS[kname], FMTS[vname], 70, 8, 5, [{"mma_qsmem": False}, {"mma_qsmem": True}])
 
 
 def test_dec8_emulation_is_the_format():
