@@ -146,3 +146,18 @@ def test_generate_threads_option(model_dir, prompt):
     out = _json(runner.invoke(app, ["generate", str(prompt), "-m", str(model_dir), "-n", "3", "--json",
                                     "--threads", "2"]))
     assert len(out["tokens"]) == 3 and get_threads() == before  # restored after the run
+
+
+def test_generate_says_when_it_compiles(model_dir, prompt, tmp_path):
+    """A fresh kernel cache: the first run says it compiles (it waits seconds for it), the next
+    loads the kernels and says nothing."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "kernels")}
+    cmd = [sys.executable, "-m", "coldkv", "generate", str(prompt), "--model", str(model_dir), "-n", "2",
+           "--device", "cpu"]
+    runs = [subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert "compiling CPU kernels" in runs[0].stderr
+    assert "compiling" not in runs[1].stderr and runs[1].stdout == runs[0].stdout

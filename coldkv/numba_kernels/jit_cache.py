@@ -40,6 +40,7 @@ Saving or loading an entry never fails a run: a miss compiles.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import pickle
@@ -51,7 +52,28 @@ from numba import config, njit
 from numba.core.caching import IndexDataCacheFile, InTreeCacheLocator, UserWideCacheLocator
 
 
+_compile_listeners: list = []  # called with a function's cache name before it compiles (compile_notices)
+
+
+@contextlib.contextmanager
+def compile_notices(callback):
+    """Within the block, callback(name) runs whenever a cached kernel (CPU or CUDA) misses its disk
+    cache and is about to compile (the CLI tells the user why the first run waits)."""
+    _compile_listeners.append(callback)
+    try:
+        yield
+    finally:
+        _compile_listeners.remove(callback)
+
+
 class _KeyedCacheFile(IndexDataCacheFile):
+    def load(self, key):
+        data = super().load(key)
+        if data is None:
+            for callback in list(_compile_listeners):
+                callback(self._index_name.removesuffix(".nbi"))
+        return data
+
     def save(self, key, data):
         overloads = self._load_index()
         if not overloads and self._stale_index():  # its data files are dead (numba leaves them)

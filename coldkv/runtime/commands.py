@@ -11,6 +11,7 @@ from rich.table import Table
 
 from coldkv.errors import InputError
 from coldkv.cuda_probe import cuda_present
+from coldkv.numba_kernels.jit_cache import compile_notices
 from coldkv.runtime.backend import cpu_summary, gpu_summary, load_backend
 from coldkv.runtime.blas import blas_threads, get_threads
 from coldkv.runtime.engine import generate
@@ -85,8 +86,17 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
 
     if threads and backend.name == "cpu" and get_threads() is None:
         err.print("note: --threads: numpy's BLAS is not an OpenBLAS coldkv can configure; ignored", highlight=False)
+    compiling = []
+
+    def on_compile(name: str) -> None:  # once: the first run on a machine waits for compiles
+        if not compiling:
+            compiling.append(name)
+            (progress.console if progress is not None else err).print(
+                f"[dim]compiling {backend.name.upper()} kernels (the first run on this machine; later runs load "
+                "them from the cache)[/dim]", highlight=False, soft_wrap=True)
+
     try:
-        with blas_threads(threads if backend.name == "cpu" else None):
+        with blas_threads(threads if backend.name == "cpu" else None), compile_notices(on_compile):
             result = generate(backend, tokenizer, ids, table=table, max_new_tokens=max_new_tokens,
                               sampling=SamplingParams(temperature, top_k, top_p, seed), stop=tuple(stop),
                               prefill_chunk=prefill_chunk, on_text=None if json_out else on_text,
