@@ -605,8 +605,7 @@ def _ptx_signatures():
             (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3)),
             (get_kernel(INT8, INT8, 4, 128, True, k8=True), kernel_sig(INT8, INT8, True)),
             (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4)),
-            (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=96, qsmem=True), kernel_sig(NVFP4, NVFP4, True))]
+            (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True))]
     return out
 
 
