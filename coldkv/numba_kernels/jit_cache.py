@@ -246,7 +246,8 @@ def _kernel_cache_class():
 
         def _index_key(self, sig, codegen):
             key = (sig, codegen.magic_tuple(), numba_cuda.__version__, self._fingerprint())
-            return key if self._launch_config_key is None else key + (("launch_config", self._launch_config_key),)
+            lc = getattr(self, "_launch_config_key", None)  # numba-cuda >= 0.30 only
+            return key if lc is None else key + (("launch_config", lc),)
 
         def load_overload(self, sig, target_context):
             if self._fingerprint() is None:
@@ -277,14 +278,14 @@ def cuda_kernel(fn=None, **options):
     def wrap(f):
         if config.ENABLE_CUDASIM:
             return cuda.jit(**{k: v for k, v in options.items() if k != "max_registers"})(f)
-        from numba.cuda.core import caching
-
         disp = cuda.jit(**options)(f)
         try:
+            from numba.cuda.core import caching
+
             cache = _kernel_cache_class()(disp)
-        except RuntimeError:  # no writable cache directory: compiled in every process
-            return disp
-        _rehome(cache, f, caching._UserWideCacheLocator, caching._InTreeCacheLocator)
+            _rehome(cache, f, caching._UserWideCacheLocator, caching._InTreeCacheLocator)
+        except (RuntimeError, ImportError, AttributeError):  # no writable cache directory, or a
+            return disp  # numba-cuda laid out otherwise: compiled in every process, as cuda.jit
         disp._cache = cache
         return disp
 
