@@ -289,7 +289,8 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
                          holes=[(0, 2), (1, 5)])  # a K page and a V page missing
 
 
-@pytest.mark.parametrize("kname,vname", [("int8", "iso3"), pytest.param("nvfp4", "int8", marks=SIM_SLOW)])
+@SIM_SLOW  # ~10 s a case here; on the GPU, test_gpu_decode_int8_keys[mma_qs96-...] checks the build too
+@pytest.mark.parametrize("kname,vname", [("int8", "iso3"), ("nvfp4", "int8")])
 def test_decode_with_q_in_shared_memory_equals_registers(kname, vname):
     """mma_qsmem keeps q's MMA fragments in shared memory (int8 keys' s8 parts, or the fp16 pairs):
     the same products in the same order, so bitwise the register build (9 pages over the warps)."""
