@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,6 @@ def main() -> None:
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
     a = ap.parse_args()
-    import os
-
     import numpy as np
     import torch
 

@@ -137,7 +137,7 @@ def _build(kf: int, vf: int, G: int, D: int, max_registers=None, devpos=False):
     f32 = np.float32
     u64 = np.uint64
 
-    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
+    jit = cuda_kernel(max_registers=max_registers)
 
     @jit
     def attn_kernel(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table,

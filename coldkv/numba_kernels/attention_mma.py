@@ -372,7 +372,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             p += 1
         return p
 
-    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
+    jit = cuda_kernel(max_registers=max_registers)
 
     @jit
     def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):

@@ -255,7 +255,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             rv[j] = r_v
             okb[j] = 1 if r_k >= 0 else 0
 
-    jit = cuda_kernel(max_registers=max_registers) if max_registers else cuda_kernel
+    jit = cuda_kernel(max_registers=max_registers)
 
     @jit
     def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):

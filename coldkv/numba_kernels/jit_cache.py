@@ -271,13 +271,16 @@ def _kernel_cache_class():
 def cuda_kernel(fn=None, **options):
     """`@cuda_kernel` / `@cuda_kernel(max_registers=128)`: `cuda.jit(**options)` for a kernel, whose
     compiled code is kept on disk (numba's cache directory) and loaded by the next process instead
-    of compiled again. Under the CUDA simulator: plain `cuda.jit`, without max_registers (it has
-    no register file)."""
+    of compiled again. max_registers None or 0 means no cap. Under the CUDA simulator: plain
+    `cuda.jit`, without max_registers (it has no register file)."""
     from numba import cuda
+
+    if not options.get("max_registers", 1) or config.ENABLE_CUDASIM:
+        options.pop("max_registers", None)
 
     def wrap(f):
         if config.ENABLE_CUDASIM:
-            return cuda.jit(**{k: v for k, v in options.items() if k != "max_registers"})(f)
+            return cuda.jit(**options)(f)
         disp = cuda.jit(**options)(f)
         try:
             from numba.cuda.core import caching

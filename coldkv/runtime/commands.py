@@ -11,7 +11,7 @@ from rich.table import Table
 
 from coldkv.errors import InputError
 from coldkv.cuda_probe import cuda_present
-from coldkv.numba_kernels.jit_cache import compile_notices
+from coldkv.numba_kernels.jit_cache import cache_usage, compile_notices
 from coldkv.runtime.backend import cpu_summary, gpu_summary, load_backend
 from coldkv.runtime.blas import blas_threads, get_threads
 from coldkv.runtime.engine import generate
@@ -86,11 +86,12 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
 
     if threads and backend.name == "cpu" and get_threads() is None:
         err.print("note: --threads: numpy's BLAS is not an OpenBLAS coldkv can configure; ignored", highlight=False)
-    compiling = []
+    compiling = False
 
     def on_compile(name: str) -> None:  # once: the first run on a machine waits for compiles
+        nonlocal compiling
         if not compiling:
-            compiling.append(name)
+            compiling = True
             (progress.console if progress is not None else err).print(
                 f"[dim]compiling {backend.name.upper()} kernels (the first run on this machine; later runs load "
                 "them from the cache)[/dim]", highlight=False, soft_wrap=True)
@@ -145,8 +146,6 @@ def info_command(*, model: str | None, json_out: bool) -> None:
         "qk_norm": args.qk_norm, "qkv_bias": args.attention_bias, "rope": rope_text,
         "eos_token_ids": list(args.eos_token_ids),
     }
-    from coldkv.numba_kernels.jit_cache import cache_usage
-
     cache = cache_usage()
     if json_out:
         sys.stdout.write(json.dumps({"device": device, "model": summary, "kv_tables": tables,

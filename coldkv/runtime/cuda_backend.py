@@ -352,36 +352,35 @@ class CUDABackend:
         self._use_sampler(sampler)
         pending: deque = deque()  # (event after the step's token copy, host slot of that token)
         staged = None  # event after the last step's table and position uploads (pinned sources)
-        enqueued = drawn = consumed = 0
+        drawn = consumed = 0  # steps whose sample kernel was launched / whose token was read
         base = cache.length  # an exception inside enqueue() may leave a step half done: undo by counts
 
         def enqueue() -> None:
-            nonlocal enqueued, drawn, staged
+            nonlocal drawn, staged
             if staged is not None:  # the pinned table and position may change once their copies ran
                 staged.synchronize()
-            pos0 = self._stage(None if enqueued else [token], cache)  # later ids: drawn on the device
+            pos0 = self._stage(None if drawn else [token], cache)  # later ids: drawn on the device
             staged = cuda.event(timing=False)
             staged.record(s)
             self._sample_step(pos0, cache)
+            slot = self.sample_host[drawn % 2]
             drawn += 1
-            slot = self.sample_host[enqueued % 2]
             self.tok[:1].copy_to_host(slot, stream=s)
             done = cuda.event(timing=False)
             done.record(s)
             pending.append((done, slot))
-            enqueued += 1
 
         try:
             enqueue()
             while pending:
-                if enqueued < max_steps:
+                if drawn < max_steps:
                     enqueue()
                 done, slot = pending.popleft()
                 done.synchronize()
                 consumed += 1
                 yield int(slot[0])
         finally:
-            if cache.length > base + consumed or drawn > consumed:  # steps nobody read: undone, as if never run
+            if cache.length > base + consumed:  # steps nobody read (a draw follows each extend): undone
                 s.synchronize()
                 cache.trim(cache.length - base - consumed)
                 state = self.sample_state.copy_to_host()
