@@ -38,25 +38,12 @@ __import__("cudasim_warp").install()  # warp shuffles for the simulator
 
 import numpy as np  # noqa: E402
 
-from coldkv.numba_kernels.layers import ref_decode16  # noqa: E402
 from coldkv.runtime import cuda_backend as CB  # noqa: E402
 from coldkv.runtime.backend import CPUBackend  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
 from tinymodel import make_checkpoint  # noqa: E402
+from sim_stand_ins import NumpyGemm, sync_event  # noqa: E402
 from benchutil import layers_today  # noqa: E402
-
-
-class NumpyGemm:
-    """cuBLAS's contract on the simulator's host-backed arrays: y (+)= x @ w^T, x and w 16-bit
-    (bf16, or fp16 when f16), fp32 out."""
-
-    def __init__(self, stream, f16: bool = False):
-        self.f16 = f16
-
-    def __call__(self, x, w, y, accumulate: bool = False) -> None:
-        r = (ref_decode16(x.copy_to_host(), self.f16).astype(np.float64)
-             @ ref_decode16(w.copy_to_host(), self.f16).astype(np.float64).T).astype(np.float32)
-        y.copy_to_device(r + y.copy_to_host() if accumulate else r)
 
 
 def main() -> None:
@@ -75,6 +62,7 @@ def main() -> None:
                     '"low_freq_factor": 1, "high_freq_factor": 4, "original_max_position_embeddings": 64}\'')
     a = ap.parse_args()
     CB.CublasGemm = NumpyGemm
+    CB.cuda.event = sync_event
     if a.layers:
         CB.L = layers_today(importlib.import_module(a.layers))
         CB.L.MAX_ROW = getattr(CB.L, "MAX_ROW", 1 << 30)  # versions before session 17 had no row limit

@@ -197,6 +197,14 @@ class CUDABackend:
         self.sample_host = cuda.pinned_array((2, 1), np.int32)
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
+        # a prompt's token ids and its chunks' (first position, valid tokens), pinned and on the
+        # device, grown to the longest prompt so far: a prefill allocates and frees nothing (a
+        # numba-deferred cuMemFree flushed mid-prefill waits for the whole queue)
+        self._prompt: tuple | None = None  # (ids host [n], ids dev [n], chunk pos host [c, 2], dev [c, 2])
+        # events recorded again and again instead of made per chunk / step: a dropped one joins
+        # numba's deferred frees, whose flush (every 10 items) also frees any pending array
+        self._events = deque(cuda.event(timing=False) for _ in range(4))
+        self._staged = cuda.event(timing=False)
 
     def _ensure_rope(self, rows: int) -> None:
         """cos/sin [rows, hd/2] f32 on the device, the CPU backend's tables (float64 angles)."""
@@ -281,20 +289,24 @@ class CUDABackend:
                 on_progress: Callable[[int], None] | None = None) -> np.ndarray:
         """A prompt -> float32 logits [vocab] after its last token. Chunks are enqueued back to back
         with at most two in flight, so the host enqueues chunk i+1 while the GPU runs chunk i (a
-        forward() per chunk would wait for each); tokens and chunk positions are uploaded once, so
-        no host staging buffer is rewritten under a pending copy. on_progress(tokens done)."""
+        forward() per chunk would wait for each); tokens and chunk positions are uploaded once, from
+        pinned buffers kept for the next prompt, so no host staging buffer is rewritten under a
+        pending copy. on_progress(tokens done)."""
         tokens = self._check_tokens(tokens)
         n, chunk = len(tokens), max(1, min(chunk or self.max_chunk, self.max_chunk))
-        pos0 = cache.extend(n)
         s = self.stream
+        s.synchronize()  # idle but after an interrupted prefill, whose copies may still read the staging
+        pos0 = cache.extend(n)
         cache.sync(s)
         starts = list(range(0, n, chunk))
         sizes = [min(chunk, n - st) for st in starts]  # tokens of each chunk
         rows = [min(padded_rows(T), chunk) for T in sizes]  # rows of each chunk's pass
-        pad = max(0, starts[-1] + rows[-1] - n)
-        tok_dev = cuda.to_device(np.concatenate([tokens, np.zeros(pad, np.int64)]).astype(np.int32), stream=s)
-        # [chunks, 2]: first position, valid tokens
-        pos_dev = cuda.to_device(np.array([(pos0 + st, T) for st, T in zip(starts, sizes)], np.int32), stream=s)
+        m, nc = starts[-1] + rows[-1], len(starts)  # ids with the last chunk's padding, chunks
+        ids_host, tok_dev, pos_host, pos_dev = self._prompt_buffers(m, nc)
+        ids_host[:n], ids_host[n:m] = tokens, 0
+        pos_host[:nc] = [(pos0 + st, T) for st, T in zip(starts, sizes)]  # first position, valid tokens
+        tok_dev[:m].copy_to_device(ids_host[:m], stream=s)
+        pos_dev[:nc].copy_to_device(pos_host[:nc], stream=s)
         report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
         for c, (start, T, R) in enumerate(zip(starts, sizes, rows)):
@@ -310,9 +322,7 @@ class CUDABackend:
             else:  # a chunk whose padding would not fit (a cache made elsewhere): launched one by one
                 out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
                                  pos=pos_dev[c], head="logits" if last else None)
-            ev = cuda.event(timing=False)
-            ev.record(s)
-            done.append((ev, start + T))
+            done.append((self._record(), start + T))
             if len(done) > 2:
                 ev_old, n_old = done.pop(0)
                 ev_old.synchronize()
@@ -322,6 +332,25 @@ class CUDABackend:
         for _, n_done in done:
             report(n_done)
         return self.logits_host[0].copy()
+
+    def _prompt_buffers(self, n: int, chunks: int) -> tuple:
+        """The prompt staging buffers, grown (to powers of two) to hold n ids and `chunks` chunk
+        positions. The caller has synchronized since their last use."""
+        if self._prompt is None or len(self._prompt[0]) < n or len(self._prompt[2]) < chunks:
+            old = self._prompt or (np.zeros(0), None, np.zeros((0, 2)), None)
+            n, chunks = max(n, len(old[0])), max(chunks, len(old[2]))
+            n, chunks = 1 << (n - 1).bit_length(), 1 << (chunks - 1).bit_length()
+            self._prompt = (cuda.pinned_array(n, np.int32), cuda.device_array(n, np.int32),
+                            cuda.pinned_array((chunks, 2), np.int32), cuda.device_array((chunks, 2), np.int32))
+        return self._prompt
+
+    def _record(self):
+        """An event recorded on the stream now, from a ring of four (a caller keeps at most three
+        unwaited; on one stream, waiting on a later record of an event is a superset of the wait)."""
+        ev = self._events[0]
+        self._events.rotate(-1)
+        ev.record(self.stream)
+        return ev
 
     def decode(self, token: int, cache: DevicePagedKVCache, sampler: Sampler) -> int:
         """Append one token; -> the next, drawn on the GPU (numba_kernels/sampling.py: the host's
@@ -351,24 +380,20 @@ class CUDABackend:
         s = self.stream
         self._use_sampler(sampler)
         pending: deque = deque()  # (event after the step's token copy, host slot of that token)
-        staged = None  # event after the last step's table and position uploads (pinned sources)
         drawn = consumed = 0  # steps whose sample kernel was launched / whose token was read
         base = cache.length  # an exception inside enqueue() may leave a step half done: undo by counts
 
         def enqueue() -> None:
-            nonlocal drawn, staged
-            if staged is not None:  # the pinned table and position may change once their copies ran
-                staged.synchronize()
+            nonlocal drawn
+            if drawn:  # the pinned table and position may change once their last copies ran
+                self._staged.synchronize()
             pos0 = self._stage(None if drawn else [token], cache)  # later ids: drawn on the device
-            staged = cuda.event(timing=False)
-            staged.record(s)
+            self._staged.record(s)
             self._sample_step(pos0, cache)
             slot = self.sample_host[drawn % 2]
             drawn += 1
             self.tok[:1].copy_to_host(slot, stream=s)
-            done = cuda.event(timing=False)
-            done.record(s)
-            pending.append((done, slot))
+            pending.append((self._record(), slot))
 
         try:
             enqueue()

@@ -1,0 +1,88 @@
+"""The CUDA backend's host logic under Numba's CUDA simulator, for machines without a GPU.
+
+What runs as on a GPU: prefill in chunks (padded last chunk, the staging buffers kept and grown
+between prompts, events from the ring), decode_steps one step ahead with seeded sampling on the
+device, and its undo when the reader stops early; every kernel of the pass is simulated except
+cuBLAS and the paged attention (tests/sim_stand_ins.py says why). tests/test_cuda_backend.py runs
+the same logic on the GPU (gpu-marked); this file lets a session without one check a change to
+it. Slow (~3 min on one core): `pytest -m slow tests/test_cuda_backend_sim.py`.
+"""
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+import pytest
+
+from sim_stand_ins import NumpyGemm, cpu_paged_attention, sync_event
+from tinymodel import make_checkpoint
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="the simulator's test; on a GPU test_cuda_backend.py runs")]
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory):
+    from numba import cuda
+
+    from coldkv.numba_kernels import sampling
+    from coldkv.runtime import cuda_backend as CB
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(CB, "CublasGemm", NumpyGemm)
+    mp.setattr(CB, "paged_attention_cuda", cpu_paged_attention)
+    mp.setattr(CB, "launch_sample", functools.partial(sampling.launch_sample, threads=32))  # same draw, fewer threads
+    mp.setattr(CB.L, "GSCALE_SLICES", 4)  # the calibration's 512 slices would be most of the run
+    mp.setattr(cuda, "event", sync_event)
+    ckpt = make_checkpoint(tmp_path_factory.mktemp("ckpt"), "qwen3", seed=3, layers=1, head_dim=64, heads=2,
+                           kv_heads=1, hidden=64)
+    yield CB.CUDABackend(ckpt, graphs=False)
+    mp.undo()
+
+
+def _table(backend, name):
+    from coldkv.runtime.kv_table import resolve_table
+
+    return resolve_table(name, backend.args.num_hidden_layers)
+
+
+def test_prefill_chunks_equal_one_pass(backend):
+    """Chunked prefill (a padded last chunk; a second, longer prompt grows the staging buffers) gives
+    the logits of one forward pass over the prompt."""
+    table = _table(backend, "int8")
+    for n, chunk in ((12, 5), (20, 8)):
+        prompt = np.arange(3, 3 + n) % backend.args.vocab_size
+        cache = backend.new_cache(table, 40)
+        seen = []
+        got = backend.prefill(prompt, cache, chunk=chunk, on_progress=seen.append)
+        assert cache.length == n and seen == list(range(chunk, n, chunk)) + [n]
+        want = backend.forward(prompt, backend.new_cache(table, 40))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert len(backend._prompt[0]) == 32  # grown from 16 (12 tokens + the padding of 5-row chunks)
+
+
+def test_decode_steps_closed_early_equal_decode_in_a_loop(backend):
+    """Two tokens read of a run-ahead decode_steps, then close: the cache loses the step nobody read
+    and the sampler's draw counter steps back, so the next decode() draws what a plain loop draws."""
+    from coldkv.runtime.sampling import Sampler, SamplingParams
+
+    params = SamplingParams(temperature=1.5, seed=11)
+    prompt = np.arange(5, 15)
+    runs = []
+    for ahead in (True, False):
+        cache = backend.new_cache(_table(backend, "int8"), 40)
+        first = int(np.argmax(backend.prefill(prompt, cache, chunk=10)))
+        sampler = Sampler(params)
+        if ahead:
+            steps = backend.decode_steps(first, cache, sampler, 6)
+            toks = [next(steps), next(steps)]
+            assert cache.length == len(prompt) + 3  # the third step is enqueued before the second is read
+            steps.close()
+            assert cache.length == len(prompt) + 2
+        else:
+            toks = [backend.decode(first, cache, sampler)]
+            toks.append(backend.decode(toks[-1], cache, sampler))
+        toks.append(backend.decode(toks[-1], cache, sampler))
+        runs.append((toks, cache.length))
+    assert runs[0] == runs[1]
