@@ -5,7 +5,7 @@ between prompts, events from the ring), decode_steps one step ahead with seeded 
 device, and its undo when the reader stops early; every kernel of the pass is simulated except
 cuBLAS and the paged attention (tests/sim_stand_ins.py says why). tests/test_cuda_backend.py runs
 the same logic on the GPU (gpu-marked); this file lets a session without one check a change to
-it. Slow (~3 min on one core): `pytest -m slow tests/test_cuda_backend_sim.py`.
+it. Slow (~1.5-2.5 min on one core): `pytest -m slow tests/test_cuda_backend_sim.py`.
 """
 from __future__ import annotations
 
@@ -48,18 +48,22 @@ def _table(backend, name):
 
 
 def test_prefill_chunks_equal_one_pass(backend):
-    """Chunked prefill (a padded last chunk; a second, longer prompt grows the staging buffers) gives
-    the logits of one forward pass over the prompt."""
-    table = _table(backend, "int8")
-    for n, chunk in ((12, 5), (20, 8)):
+    """Chunked prefill gives the logits of one forward pass over the prompt: a padded last chunk; a
+    second, longer prompt that grows the staging buffers; a cache of exactly the prompt's page, where
+    the last chunk's padding does not fit and that chunk runs unpadded."""
+    from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache
+
+    table, a = _table(backend, "int8"), backend.args
+    for n, chunk, exact in ((12, 5, False), (20, 8, False), (64, 48, True)):
         prompt = np.arange(3, 3 + n) % backend.args.vocab_size
-        cache = backend.new_cache(table, 40)
+        cache = (DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, n, backend.page_tokens) if exact
+                 else backend.new_cache(table, 40))
         seen = []
         got = backend.prefill(prompt, cache, chunk=chunk, on_progress=seen.append)
         assert cache.length == n and seen == list(range(chunk, n, chunk)) + [n]
-        want = backend.forward(prompt, backend.new_cache(table, 40))
+        want = backend.forward(prompt, backend.new_cache(table, n))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert len(backend._prompt[0]) == 32  # grown from 16 (12 tokens + the padding of 5-row chunks)
+    assert len(backend._prompt[0]) == 128  # grown: 12 tokens + padding to 15 ids -> 16, 24 -> 32, 96 -> 128
 
 
 def test_decode_steps_closed_early_equal_decode_in_a_loop(backend):
