@@ -297,6 +297,13 @@ def test_decode_with_q_in_shared_memory_equals_registers(kname, vname):
     _decode_builds_equal(FMTS[kname], FMTS[vname], 70, 8, 5, [{"mma_qsmem": False}, {"mma_qsmem": True}])
 
 
+@SIM_SLOW
+def test_pipelined_decode_with_q_in_shared_memory_equals_plain():
+    """bench/attention_decode.py's int8@qsp: software-pipelined loads and q in shared memory together."""
+    _decode_builds_equal(FMTS["int8"], FMTS["int8"], 70, 8, 5,
+                         [{"mma_qsmem": False}, {"mma_qsmem": True, "mma_pipe": True}], holes=[(0, 2), (1, 5)])
+
+
 def test_dec8_emulation_is_the_format():
     """The simulator's dec8_e2m1 / dec8_iso3 (which the fa kernel runs under the simulator; on a GPU
     the gpu tests check the PTX): pair i of a word = fp16 of nibbles i (low) and i + 4 (high), the
