@@ -60,7 +60,10 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # default), "ws128" a workspace of 128 splits (32 blocks per kv head, half the default's at 131072
 # tokens: a shorter reduce, 2 blocks per SM instead of 4), "qs96" q's MMA fragments in shared memory
 # at 96 registers (attention_mma qsmem: int8 then runs 5 blocks per SM instead of 4; session 20),
-# "qs80" the same at 80 (6 blocks, 11 spill loads/stores in int8's chunk loop by the SASS), "qst4"
+# "qs80" the same at 80 (6 blocks, 11 spill loads/stores in int8's chunk loop by the SASS), "qs128"
+# at 128 (4 blocks, as the default; session 21's SASS: int8's chunk issues its 8 K and V loads before
+# its first IMMA, one memory latency a chunk, where the default waits for K, then V, and qs96 for
+# K's two tiles one by one, then V), "qst4"
 # with 32-token chunks, uncapped (int8: 130 registers, 3 blocks, twice the loads in flight a warp),
 # "qsp" q in shared memory with software-pipelined loads (int8: 124 registers uncapped, no spill,
 # so 4 blocks an SM with the next chunk's loads in flight; int8@p was 238 against 98 us at 6d7ef6e,
@@ -74,10 +77,11 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "ws128": {"kernel": "mma", "ws_splits": 128},
        "qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96},
        "qs80": {"kernel": "mma", "mma_qsmem": True, "max_registers": 80},
+       "qs128": {"kernel": "mma", "mma_qsmem": True, "max_registers": 128},
        "qst4": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 0},
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
-DEFAULT_VARIANTS = ["int8@k8off", "int8@qs96"]  # what a run adds at --variant-contexts (@ws128: slower at c513766)
+DEFAULT_VARIANTS = ["int8@k8off", "int8@qs96", "int8@qs128"]  # what a run adds at --variant-contexts (@ws128: slower at c513766)
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

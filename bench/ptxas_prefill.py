@@ -47,16 +47,19 @@ def prepare(args) -> Path:
     return out
 
 
-def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90") -> tuple[list[str], str]:
-    """PTX of py_func for sig -> base.ptx / .cubin (/ .sass with nvdisasm on PATH); -> (ptxas's
-    register / spill / warning lines, the SASS text or "")."""
+def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90",
+             maxrregcount: int = 0) -> tuple[list[str], str]:
+    """PTX of py_func for sig -> base.ptx / .cubin (/ .sass with nvdisasm on PATH), at most
+    maxrregcount registers (0: no cap); -> (ptxas's register / spill / warning lines, the SASS
+    text or "")."""
     from numba import cuda
 
     ptx, _ = cuda.compile_ptx(py_func, sig, cc=(9, 0))
     # this ptxas reads PTX 8.7; wgmma needs the arch-specific target (numba writes plain sm_90)
     ptx = re.sub(r"\.version \d+\.\d+", ".version 8.7", ptx).replace(".target sm_90", f".target {arch}")
     base.with_suffix(".ptx").write_text(ptx)
-    r = subprocess.run([ptxas, f"-arch={arch}", "-v", str(base.with_suffix(".ptx")), "-o",
+    cap = [f"-maxrregcount={maxrregcount}"] if maxrregcount else []
+    r = subprocess.run([ptxas, f"-arch={arch}", "-v", *cap, str(base.with_suffix(".ptx")), "-o",
                         str(base.with_suffix(".cubin"))], capture_output=True, text=True)
     info = [re.sub(r"'_Z\w+'", "", line).strip() for line in (r.stdout + r.stderr).splitlines()
             if re.search(r"registers|spill|serialized|rror", line)]

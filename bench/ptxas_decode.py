@@ -1,0 +1,74 @@
+"""Offline SASS report of decode-kernel builds: registers, spills, and the order of a chunk's loads
+and MMAs (no GPU needed).
+
+    PATH=$PATH:<dir of nvdisasm> python bench/ptxas_decode.py --formats int8 nvfp4 --builds default qs96 qs128
+
+Per build (attention_mma's device-position kernel at 32/8/128, G 4, the register cap named):
+registers, spilled bytes, and from the first 128-bit load on (the chunk loop's first K load) the
+run of loads (L: LDG, 128-bit ones counted as such) and MMAs (I: IMMA, H: HMMA) in program order,
+e.g. `L8 I8 H8`: the chunk's K and V loads all issue before its first MMA, so it waits for memory
+once; `L4 I3 L4 I5 H8`: V's loads wait behind K's first MMAs, i.e. for K's data (twice a chunk).
+The int8 decode waits on its loads (kernels.md "Where each kernel stands"), so this order is
+what a build changes (session 21: qs128 issues all 8, qs96 serializes K's two tiles and V).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from ptxas_prefill import assemble, prepare, tool_args  # noqa: E402
+
+# bench/attention_decode.py's names: (register cap, attention_mma.get_kernel keywords)
+BUILDS = {"default": (128, {}), "qs96": (96, {"qsmem": True}), "qs128": (128, {"qsmem": True}),
+          "qs80": (80, {"qsmem": True}), "qsp": (128, {"qsmem": True, "pipe": True}), "p128": (128, {"pipe": True})}
+_OP = re.compile(r"\b(LDG\.E\.128|LDG\.E|IMMA|HMMA)\b")
+
+
+def load_mma_runs(sass: str) -> str:
+    """Runs of loads and MMAs from the first 128-bit load on: 'L8 I8 H8' (L counts LDG, with
+    the 128-bit ones in brackets when some are narrower)."""
+    ops = _OP.findall(sass)
+    ops = ops[ops.index("LDG.E.128"):] if "LDG.E.128" in ops else ops
+    runs: list[list] = []
+    for op in ops:
+        kind = "L" if op.startswith("LDG") else op[0]
+        if not runs or runs[-1][0] != kind:
+            runs.append([kind, 0, 0])
+        runs[-1][1] += 1
+        runs[-1][2] += op == "LDG.E.128"
+    return " ".join(f"{k}{n}" + (f"({w})" if k == "L" and w != n else "") for k, n, w in runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", nargs="+", default=["int8"], help="K = V format: bf16 int8 nvfp4 iso3")
+    ap.add_argument("--builds", nargs="+", default=["default", "qs96", "qs128"], choices=sorted(BUILDS))
+    tool_args(ap)
+    args = ap.parse_args()
+    out = prepare(args)
+    from coldkv.numba_kernels import attention_mma as AM
+    from coldkv.numba_kernels.quant import FORMAT_IDS
+
+    for name in args.formats:
+        f = FORMAT_IDS[name]
+        for build in args.builds:
+            cap, kw = BUILDS[build]
+            k8 = AM.supports_k8(f, 4, 128)
+            kern = AM.get_kernel(f, f, 4, 128, True, max_registers=cap, k8=k8, **kw)
+            info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
+                                  args.ptxas, maxrregcount=cap)
+            regs = re.search(r"Used (\d+) registers", " ".join(info))
+            spill = re.search(r"(\d+) bytes spill stores", " ".join(info))
+            print(f"{name:6s} {build:8s} {regs.group(1) if regs else '?':>4s} registers, "
+                  f"{spill.group(1) if spill else '?':>4s} B spilled | {load_mma_runs(sass) if sass else '(no nvdisasm)'}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
