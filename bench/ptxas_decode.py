@@ -3,7 +3,8 @@ and MMAs (no GPU needed).
 
     PATH=$PATH:<dir of nvdisasm> python bench/ptxas_decode.py --formats int8 nvfp4 --builds default qs96 qs128
 
-Per build (attention_mma's device-position kernel at 32/8/128, G 4, the register cap named):
+Per build (attention_mma's device-position kernel at --G / --D, default G 4 and d 128 as the
+benchmark's 32/8/128, at the build's register cap):
 registers, spilled bytes, and from the first 128-bit load on (the chunk loop's first K load) the
 run of loads (L: LDG, 128-bit ones counted as such) and MMAs (I: IMMA, H: HMMA) in program order,
 e.g. `L8 I8 H8`: the chunk's K and V loads all issue before its first MMA, so it waits for memory
@@ -49,6 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", nargs="+", default=["int8"], help="K = V format: bf16 int8 nvfp4 iso3")
     ap.add_argument("--builds", nargs="+", default=["default", "qs96", "qs128"], choices=sorted(BUILDS))
+    ap.add_argument("--G", type=int, default=4, help="q heads per kv head")
+    ap.add_argument("--D", type=int, default=128, help="head_dim")
     tool_args(ap)
     args = ap.parse_args()
     out = prepare(args)
@@ -59,13 +62,13 @@ def main() -> None:
         f = FORMAT_IDS[name]
         for build in args.builds:
             cap, kw = BUILDS[build]
-            k8 = AM.supports_k8(f, 4, 128)
-            kern = AM.get_kernel(f, f, 4, 128, True, max_registers=cap, k8=k8, **kw)
+            k8 = AM.supports_k8(f, args.G, args.D)
+            kern = AM.get_kernel(f, f, args.G, args.D, True, max_registers=cap, k8=k8, **kw)
             info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
                                   args.ptxas, maxrregcount=cap)
             regs = re.search(r"Used (\d+) registers", " ".join(info))
             spill = re.search(r"(\d+) bytes spill stores", " ".join(info))
-            print(f"{name:6s} {build:8s} {regs.group(1) if regs else '?':>4s} registers, "
+            print(f"{name:6s} G {args.G} d {args.D} {build:8s} {regs.group(1) if regs else '?':>4s} registers, "
                   f"{spill.group(1) if spill else '?':>4s} B spilled | {load_mma_runs(sass) if sass else '(no nvdisasm)'}",
                   flush=True)
 
