@@ -27,7 +27,8 @@ from ptxas_prefill import assemble, prepare, tool_args  # noqa: E402
 
 # bench/attention_decode.py's names: (register cap, attention_mma.get_kernel keywords)
 BUILDS = {"default": (128, {}), "qs96": (96, {"qsmem": True}), "qs128": (128, {"qsmem": True}),
-          "qs80": (80, {"qsmem": True}), "qsp": (128, {"qsmem": True, "pipe": True}), "p128": (128, {"pipe": True})}
+          "qs80": (80, {"qsmem": True}), "qsp": (128, {"qsmem": True, "pipe": True}), "p128": (128, {"pipe": True}),
+          "qst4": (0, {"qsmem": True, "nt": 4}), "qst4r128": (128, {"qsmem": True, "nt": 4})}
 _OP = re.compile(r"\b(LDG\.E\.128|LDG\.E|IMMA|HMMA)\b")
 
 
