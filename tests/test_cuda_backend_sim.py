@@ -18,8 +18,8 @@ import pytest
 from sim_stand_ins import NumpyGemm, cpu_paged_attention, sync_event
 from tinymodel import make_checkpoint
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not numba.config.ENABLE_CUDASIM, reason="the simulator's test; on a GPU test_cuda_backend.py runs")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not numba.config.ENABLE_CUDASIM,
+                                                   reason="the simulator's test; on a GPU test_cuda_backend.py runs")]
 
 
 @pytest.fixture(scope="module")
