@@ -3,8 +3,9 @@ and MMAs (no GPU needed).
 
     PATH=$PATH:<dir of nvdisasm> python bench/ptxas_decode.py --formats int8 nvfp4 --builds default qs96 qs128
 
-Per build (attention_mma's device-position kernel at --G / --D, default G 4 and d 128 as the
-benchmark's 32/8/128, at the build's register cap):
+Per build (a name of bench/attention_decode.py's variants, or "default": the kernel paged_attention_cuda
+runs; attention_mma's device-position build at --G / --D, default G 4 and d 128 as the benchmark's
+32/8/128, at the build's register cap, none where it has none):
 registers, spilled bytes, and from the first 128-bit load on (the chunk loop's first K load) the
 run of loads (L: LDG, 128-bit ones counted as such) and MMAs (I: IMMA, H: HMMA) in program order,
 e.g. `L8 I8 H8`: the chunk's K and V loads all issue before its first MMA, so it waits for memory
@@ -25,10 +26,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from ptxas_prefill import assemble, prepare, tool_args  # noqa: E402
 
-# bench/attention_decode.py's names: (register cap, attention_mma.get_kernel keywords)
-BUILDS = {"default": (128, {}), "qs96": (96, {"qsmem": True}), "qs128": (128, {"qsmem": True}),
-          "qs80": (80, {"qsmem": True}), "qsp": (128, {"qsmem": True, "pipe": True}), "p128": (128, {"pipe": True}),
-          "qst4": (0, {"qsmem": True, "nt": 4}), "qst4r128": (128, {"qsmem": True, "nt": 4})}
+from attention_decode import _VK  # noqa: E402  (the benchmark's variants: one name, one build)
+
+# the tensor-core decode builds among them: "default" (`_MMA_TUNED`'s), or a variant's knobs
+BUILDS = ["default"] + [v for v, kw in _VK.items() if kw.get("kernel") == "mma" and "ws_splits" not in kw]
 _OP = re.compile(r"\b(LDG\.E\.128|LDG\.E|IMMA|HMMA)\b")
 
 
@@ -57,16 +58,19 @@ def main() -> None:
     args = ap.parse_args()
     out = prepare(args)
     from coldkv.numba_kernels import attention_mma as AM
+    from coldkv.numba_kernels.attention_cuda import mma_decode_build
     from coldkv.numba_kernels.quant import FORMAT_IDS
 
     for name in args.formats:
         f = FORMAT_IDS[name]
         for build in args.builds:
-            cap, kw = BUILDS[build]
-            k8 = AM.supports_k8(f, args.G, args.D)
-            kern = AM.get_kernel(f, f, args.G, args.D, True, max_registers=cap, k8=k8, **kw)
+            kw = {} if build == "default" else _VK[build]
+            tiles, cap, pipe, qsmem = mma_decode_build(f, f, args.G, args.D, kw.get("mma_tiles", 0),
+                                                       kw.get("max_registers"), kw.get("mma_pipe"), kw.get("mma_qsmem"))
+            k8 = kw.get("mma_k8", True) and AM.supports_k8(f, args.G, args.D)
+            kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8, qsmem)
             info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
-                                  args.ptxas, maxrregcount=cap)
+                                  args.ptxas, maxrregcount=cap or 0)
             regs = re.search(r"Used (\d+) registers", " ".join(info))
             spill = re.search(r"(\d+) bytes spill stores", " ".join(info))
             print(f"{name:6s} G {args.G} d {args.D} {build:8s} {regs.group(1) if regs else '?':>4s} registers, "

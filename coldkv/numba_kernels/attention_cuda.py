@@ -616,6 +616,15 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False), (NVFP4, NVFP4, 4, 12
               (ISO3, ISO3, 4, 128): (0, 128, False, False), (NVFP4, ISO3, 4, 128): (0, 128, False, False)}
 
 
+def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
+                     mma_qsmem=None) -> tuple:
+    """(mma_tiles, max_registers, mma_pipe, mma_qsmem) of the tensor-core decode kernel: the
+    arguments, or `_MMA_TUNED`'s setting for (K, V, G, D) when all four are unset."""
+    if not mma_tiles and max_registers is None and mma_pipe is None and mma_qsmem is None:
+        return _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False, False))
+    return mma_tiles, max_registers, bool(mma_pipe), bool(mma_qsmem)
+
+
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
 # "wg8pp": the two warpgroups take turns on the tensor cores (named barriers; measured no faster
 # end to end, docs/kernels_log.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
@@ -844,16 +853,15 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     if use_mma:
         from coldkv.numba_kernels import attention_mma
 
-        if not mma_tiles and max_registers is None and mma_pipe is None and mma_qsmem is None:
-            mma_tiles, max_registers, mma_pipe, mma_qsmem = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D),
-                                                                           (0, None, False, False))
+        mma_tiles, max_registers, mma_pipe, mma_qsmem = mma_decode_build(k_fmt, v_fmt, G, D, mma_tiles, max_registers,
+                                                                         mma_pipe, mma_qsmem)
         k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
-        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, bool(mma_pipe),
-                                        k8, bool(mma_qsmem))
+        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
+                                        k8, mma_qsmem)
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              bool(mma_pipe), k8, bool(mma_qsmem))
+                                              mma_pipe, k8, mma_qsmem)
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)

@@ -336,10 +336,9 @@ class CUDABackend:
     def _prompt_buffers(self, n: int, chunks: int) -> tuple:
         """The prompt staging buffers, grown (to powers of two) to hold n ids and `chunks` chunk
         positions. The caller has synchronized since their last use."""
-        if self._prompt is None or len(self._prompt[0]) < n or len(self._prompt[2]) < chunks:
-            old = self._prompt or (np.zeros(0), None, np.zeros((0, 2)), None)
-            n, chunks = max(n, len(old[0])), max(chunks, len(old[2]))
-            n, chunks = 1 << (n - 1).bit_length(), 1 << (chunks - 1).bit_length()
+        have = (len(self._prompt[0]), len(self._prompt[2])) if self._prompt else (0, 0)
+        if n > have[0] or chunks > have[1]:
+            n, chunks = (1 << (max(want, had) - 1).bit_length() for want, had in zip((n, chunks), have))
             self._prompt = (cuda.pinned_array(n, np.int32), cuda.device_array(n, np.int32),
                             cuda.pinned_array((chunks, 2), np.int32), cuda.device_array((chunks, 2), np.int32))
         return self._prompt
