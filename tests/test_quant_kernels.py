@@ -605,19 +605,19 @@ def _requant_check(fmt, T, H, D, P, seed):
         assert bits(np.float32(og[i])) == bits(np.float32(g2))
 
 
-@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("fmt", [f for f in FMTS if f != Q.BF16])
 def test_requant_cuda_rereads_units_past_registers(fmt, monkeypatch):
-    """Requant runs a warp per page; a lane keeps _RQ_KEEP[fmt] units in registers and reads the
-    rest again in pass 2. Rebuilt with one kept unit, an 8 x 512 page (64 units, 2 per lane) takes
-    that path."""
+    """Requant runs a warp per page (bf16: its own kernel, below); a lane keeps _RQ_KEEP[fmt]
+    units in registers and reads the rest again in pass 2. Rebuilt with one kept unit, an 8 x 512
+    page (64 units, 2 per lane) takes that path."""
     monkeypatch.setitem(RQ._RQ_KEEP, fmt, 1)
     monkeypatch.setitem(RQ.requant_c4g64_cuda, fmt, RQ._make_requant(fmt))
     _requant_check(fmt, T=16, H=1, D=512, P=8, seed=3)
 
 
-def test_requant_cuda_bf16_two_units_a_thread():
-    """bf16 runs a block of 128 threads per page with one unit kept a thread; a 32 x 512 page (256
-    units) gives every thread a second unit, read at the end of its first iteration."""
+def test_requant_cuda_bf16_two_halves_a_thread():
+    """bf16 runs a block of 256 threads per page, half a unit a thread; a 32 x 512 page (256
+    units, 512 halves) gives every thread a second half-unit, read in both passes."""
     _requant_check(Q.BF16, T=32, H=1, D=512, P=32, seed=6)
 
 

@@ -134,19 +134,19 @@ def _rq_encode(lo, hi, w, d, r):
 
 
 # Source words of 64-value unit u of a page (flat code-word base wb), zeros past the page (nu
-# units): (words, scale word, int8 row scale). bf16 32 words, int8 16 words + the fp32 scale of
-# its row, 4-bit 8 words + its scale byte(s) (c4g64 one, nvfp4/iso3 the 4 of its quarters as one
-# word). Issued together: a thread has its whole unit in flight at once. One function per source
-# width (numba types each function's return once); the two 4-bit ones from one factory.
+# units): (words, scale word, int8 row scale). int8 16 words + the fp32 scale of its row, 4-bit 8
+# words + its scale byte(s) (c4g64 one, nvfp4/iso3 the 4 of its quarters as one word). Issued
+# together: a thread has its whole unit in flight at once. One function per source width (numba
+# types each function's return once); the two 4-bit ones from one factory.
 @cuda.jit(device=True)
-def _rq_load_bf16(c32, scales, wb, sb0, r0, u, nu, ld):
-    z = np.uint32(0)
-    if u >= nu:
-        z8 = (z, z, z, z, z, z, z, z)
-        return z8 + z8 + z8 + z8, z, np.float32(0.0)
-    b = wb + 32 * u
-    return (_ldf4(c32, b) + _ldf4(c32, b + 4) + _ldf4(c32, b + 8) + _ldf4(c32, b + 12)
-            + _ldf4(c32, b + 16) + _ldf4(c32, b + 20) + _ldf4(c32, b + 24) + _ldf4(c32, b + 28)), z, np.float32(0.0)
+def _rq_load_half_bf16(c32, pages, j, h, wpp):
+    """bf16: the 16 words of half-unit h (values 32h .. 32h + 31) of page pages[j]; zeros for j < 0."""
+    if j < 0:
+        z = np.uint32(0)
+        z4 = (z, z, z, z)
+        return z4 + z4 + z4 + z4
+    b = np.int64(pages[j]) * wpp + 16 * h
+    return _ldf4(c32, b) + _ldf4(c32, b + 4) + _ldf4(c32, b + 8) + _ldf4(c32, b + 12)
 
 
 @cuda.jit(device=True)
@@ -176,7 +176,7 @@ def _make_rq_load_4bit(g64: bool):
 _rq_load_g16, _rq_load_g64 = _make_rq_load_4bit(False), _make_rq_load_4bit(True)
 
 
-_RQ_LOAD = {BF16: _rq_load_bf16, INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3: _rq_load_g16,
+_RQ_LOAD = {INT8: _rq_load_int8, NVFP4: _rq_load_g16, ISO3: _rq_load_g16,
             C4G64: _rq_load_g64}
 
 
@@ -219,19 +219,15 @@ def _i8_m4(a, b, c, d, mx, mn):
 
 
 @cuda.jit(device=True)
-def _rq_max_bf16(F, w, sw, s, stp, row, g):
-    """Pass 1 of one 64-value unit (words w): its group max, not finite when the group holds a
-    non-finite value (the kernel then takes the unit's finite max value by value, _rq_amax_slow).
-    Monotonic shortcuts: bf16 an integer max of |bits|, int8 max |code| times the row scale,
-    4-bit the top code times the largest step (_rq_max_4bit)."""
+def _rq_half_max_bf16(w):
+    """Pass 1 of a bf16 half-unit (words w): its max |value| by an integer max of |bits|
+    (monotonic), not finite when it holds a non-finite value (the kernel then takes the unit's
+    finite max value by value, _rq_amax_slow). The other sources' group max of a whole unit:
+    int8 max |code| times the row scale, 4-bit the top code times the largest step."""
     m = _bf16_m4(w[0], w[1], w[2], w[3], np.uint32(0))
     m = _bf16_m4(w[4], w[5], w[6], w[7], m)
     m = _bf16_m4(w[8], w[9], w[10], w[11], m)
     m = _bf16_m4(w[12], w[13], w[14], w[15], m)
-    m = _bf16_m4(w[16], w[17], w[18], w[19], m)
-    m = _bf16_m4(w[20], w[21], w[22], w[23], m)
-    m = _bf16_m4(w[24], w[25], w[26], w[27], m)
-    m = _bf16_m4(w[28], w[29], w[30], w[31], m)
     m = max(_u32(m) >> np.uint32(16), _u32(m) & np.uint32(0xFFFF))
     return bits_f32(m << np.uint32(16)) if m < np.uint32(0x7F80) else np.float32(np.inf)
 
@@ -426,25 +422,21 @@ def _i8_word(a, b, t):
 
 
 @cuda.jit(device=True)
-def _rq_emit_bf16(F, w, sw, s, stp, row, g, gm, r, o32, ob):
-    """Pass 2 of one 64-value unit with output multiplier r (scale not NaN): its 32 code bytes
-    (bf16: output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
+def _rq_emit_half_bf16(w, r, o32, ob):
+    """Pass 2 of a bf16 half-unit with output multiplier r (scale not NaN): its 16 code bytes
+    (output word k holds values 8k .. 8k+7 = source words 4k .. 4k+3)."""
     if r <= F32_MAX:
         _stf4(o32, ob, (_bf16_enc8(w[0], w[1], w[2], w[3], r), _bf16_enc8(w[4], w[5], w[6], w[7], r),
                         _bf16_enc8(w[8], w[9], w[10], w[11], r), _bf16_enc8(w[12], w[13], w[14], w[15], r)))
-        _stf4(o32, ob + 4, (_bf16_enc8(w[16], w[17], w[18], w[19], r), _bf16_enc8(w[20], w[21], w[22], w[23], r),
-                            _bf16_enc8(w[24], w[25], w[26], w[27], r), _bf16_enc8(w[28], w[29], w[30], w[31], r)))
-        return
-    _stf4(o32, ob, (_bf16_enc4(w[0], w[1], w[2], w[3], r), _bf16_enc4(w[4], w[5], w[6], w[7], r),
-                    _bf16_enc4(w[8], w[9], w[10], w[11], r), _bf16_enc4(w[12], w[13], w[14], w[15], r)))
-    _stf4(o32, ob + 4, (_bf16_enc4(w[16], w[17], w[18], w[19], r), _bf16_enc4(w[20], w[21], w[22], w[23], r),
-                        _bf16_enc4(w[24], w[25], w[26], w[27], r), _bf16_enc4(w[28], w[29], w[30], w[31], r)))
-    return
+    else:
+        _stf4(o32, ob, (_bf16_enc4(w[0], w[1], w[2], w[3], r), _bf16_enc4(w[4], w[5], w[6], w[7], r),
+                        _bf16_enc4(w[8], w[9], w[10], w[11], r), _bf16_enc4(w[12], w[13], w[14], w[15], r)))
 
 
 @cuda.jit(device=True)
 def _rq_emit_int8(F, w, sw, s, stp, row, g, gm, r, o32, ob):
-    """As _rq_emit_bf16; int8: output word k from source words 2k, 2k+1. By thresholds unless r
+    """Pass 2 of one 64-value unit with output multiplier r (scale not NaN): its 32 code bytes;
+    int8: output word k from source words 2k, 2k+1. By thresholds unless r
     is not finite, s is negative or NaN, or a code is -128 (|c| 128: the max |value| is 128 s)."""
     if r <= F32_MAX and s >= np.float32(0.0) and gm != abs(np.float32(128.0) * s):
         t = _i8_thresholds(s, r)
@@ -462,7 +454,7 @@ def _rq_emit_int8(F, w, sw, s, stp, row, g, gm, r, o32, ob):
 
 @cuda.jit(device=True)
 def _rq_emit_4bit(F, w, sw, s, stp, row, g, gm, r, o32, ob):
-    """As _rq_emit_bf16; 4-bit sources by code tables."""
+    """As _rq_emit_int8; 4-bit sources by code tables."""
     d0 = _rq_step(F, stp, row, sw, 0, g)
     lo, hi = _rq_table(F, d0, r)
     o0, o1 = _rq_encode(lo, hi, w[0], d0, r), _rq_encode(lo, hi, w[1], d0, r)
@@ -493,6 +485,16 @@ def _rq_out_scale_fast(gm, g2):
     s = e4m3_f32(sb)
     q = fdivp(g2, s)
     return sb, (q if s > np.float32(0.0) else np.float32(0.0))
+
+
+@cuda.jit(device=True)
+def _rq_unit_scale(gm, g2, g2ok):
+    """(scale byte, multiplier) of an output group with max gm on a page of global scale g2
+    (g2ok: in [2^-100, 2^100]): the fast divisions when they apply. Tested here, not inside
+    _rq_out_scale: there ptxas spilled 20 bytes in the old bf16 kernel (8 here)."""
+    if g2ok and gm <= F32_MAX:
+        return _rq_out_scale_fast(gm, g2)
+    return _rq_out_scale(gm, g2)
 
 
 @cuda.jit(device=True)
@@ -531,29 +533,20 @@ def _rq_emit_4bit_fast(F, w, sw, srow, r, o32, ob):
     _stf4(o32, ob + 4, (o4, o5, o6, o7))
 
 
-@cuda.jit(device=True)
-def _rq_sync(block):
-    if block:
-        cuda.syncthreads()
-    else:
-        cuda.syncwarp()
-
-
-_RQ_KEEP = {BF16: 1, INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a thread keeps in registers
-# a page per warp, or per block (bf16: a unit is 32 registers, so a warp cannot hold a page's 128
-# units; the block's 4 warps hold one each, as the block-per-page kernel did, measured 3-5% faster
-# than 2 units per lane for bf16)
-_RQ_BLOCK_PAGE = (BF16,)
+_RQ_KEEP = {INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a lane keeps in registers
+# bf16 (_make_requant_bf16): a block of 8 warps per page, half a unit (16 words) a thread, and the
+# block's next page loaded during this one
+_BF16_WARPS = 8
+_BF16_REGS = 64  # 4 blocks of 8 warps an SM
 
 
 def _make_requant(F):
     """Requantize-to-c4g64 kernel for source format F: page pages[j] (global gsrc[j]) -> out_*[j];
-    a warp per page, no block barrier (launch_requant_c4g64); bf16 (_RQ_BLOCK_PAGE) a block per
-    page, one unit per thread, the warps' maxima through shared memory (read "thread" and the
-    block's threads for "lane" and the warp's lanes below).
+    a warp per page, no block barrier (launch_requant_c4g64). bf16 has its own kernel
+    (_make_requant_bf16).
 
     Lane l owns output 64-groups (units) u = l, l + 32, ...: it loads its first _RQ_KEEP[F] units
-    at once (4-bit 4 x 32 B, int8 4 x 64 B + row scales, bf16 2 x 128 B) and keeps them in
+    at once (4-bit 4 x 32 B, int8 4 x 64 B + row scales) and keeps them in
     registers: pass 1 takes each group max (the lane holds the whole group: no shuffles) and the
     finite page amax (5 shfl_xor), pass 2 encodes from the registers. Units past those (pages of
     more than 32 x _RQ_KEEP units) are read again in pass 2. A warp per page, rather than a block,
@@ -569,27 +562,20 @@ def _make_requant(F):
     entries per f16x2 instruction) and looked up 4 codes at a time with PRMT (_rq_table /
     _rq_encode). A page whose g and g2 are in range (almost every page) takes the fast-page loop
     instead: two units per iteration, branch-free tables, divisions by div.rn's fast path
-    (_rq_emit_4bit_fast, _rq_out_scale_fast). bf16: values encoded 8 per output word
-    (_bf16_enc8); int8 by 7 thresholds per unit (_i8_word); the integer encoder only when r is
-    not finite. Output scales by the hardware E4M3 conversions.
+    (_rq_emit_4bit_fast, _rq_out_scale_fast). int8 by 7 thresholds per unit (_i8_word); the
+    integer encoder only when r is not finite. Output scales by the hardware E4M3 conversions.
     """
     load = _RQ_LOAD[F]
     K = _RQ_KEEP[F]
-    BLOCK = F in _RQ_BLOCK_PAGE
     STEPS = F == NVFP4 or F == ISO3 or F == C4G64
     FAST = F == NVFP4 or F == ISO3 or F == C4G64  # 4-bit sources: the fast-page loop (see below)
-    umax = {BF16: _rq_max_bf16, INT8: _rq_max_int8}.get(F, _rq_max_4bit)
-    emit = {BF16: _rq_emit_bf16, INT8: _rq_emit_int8}.get(F, _rq_emit_4bit)
+    umax = _rq_max_int8 if F == INT8 else _rq_max_4bit
+    emit = _rq_emit_int8 if F == INT8 else _rq_emit_4bit
 
     @cuda.jit(device=True)
     def unit(w, sw, s, gm, stp, row, g, g2, g2ok, o32, out_scales, ob, osb, u):
         """Pass 2 of unit u (group max gm): its scale byte, then its codes (zeros if poisoned)."""
-        # the fast page's divisions (bf16, int8, large pages); tested here, not inside
-        # _rq_out_scale: there ptxas spilled 20 bytes in bf16's kernel (8 here)
-        if g2ok and gm <= F32_MAX:
-            sb, r = _rq_out_scale_fast(gm, g2)
-        else:
-            sb, r = _rq_out_scale(gm, g2)
+        sb, r = _rq_unit_scale(gm, g2, g2ok)
         _stf(out_scales, osb + u, sb)
         if sb == E4M3_NAN:  # a poisoned group: zero codes
             _stf4(o32, ob + 8 * u, (0, 0, 0, 0))
@@ -597,7 +583,7 @@ def _make_requant(F):
         else:
             emit(F, w, sw, s, stp, row, g, gm, r, o32, ob + 8 * u)
 
-    # 16 warps per SM (bf16 and nvfp4 take 168 and 137 registers uncapped; no spills at 128)
+    # 16 warps per SM (nvfp4 takes 137 registers uncapped; no spills at 128)
     @cuda_kernel(max_registers=128)
     def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
         P = codes.shape[1]
@@ -610,19 +596,16 @@ def _make_requant(F):
         c32 = codes.view(np.uint32)
         o32 = out_codes.view(np.uint32)
         stp = cuda.shared.array((_WARPS, 128), np.float32)  # 4-bit: this warp's steps by byte
-        red = cuda.shared.array((2, _WARPS), np.float32)  # a block per page: the warps' maxima by page parity
-        # a page's threads: its warp (t = lane, T = 32) or the whole block
-        t = cuda.threadIdx.x if BLOCK else lane
-        T = 32 * _WARPS if BLOCK else 32
-        row = 0 if BLOCK else wid  # step-table row
+        t = lane  # a page's threads: its warp
+        T = 32
+        row = wid  # step-table row
         pd = P * D
         nu = pd >> 6  # 64-value units (output groups) of a page
         wpp = (P * codes.shape[2] * codes.itemsize) >> 2  # uint32 code words per page
         spp = pd >> (6 if F == C4G64 else 4)  # 4-bit: scale bytes per page
         nk = min(nu, T * K)  # units kept in registers
         z = np.float32(0.0)
-        par = 0
-        j = cuda.blockIdx.x if BLOCK else cuda.blockIdx.x * nwb + wid
+        j = cuda.blockIdx.x * nwb + wid
         while j < pages.shape[0]:
             page = np.int64(pages[j])
             g = np.float32(gsrc[j])
@@ -635,10 +618,10 @@ def _make_requant(F):
             w2, sw2, s2 = load(c32, scales, wb, sb0, r0, t + 2 * T, nk if K > 2 else 0, ld)
             w3, sw3, s3 = load(c32, scales, wb, sb0, r0, t + 3 * T, nk if K > 3 else 0, ld)
             if STEPS:
-                _rq_sync(BLOCK)  # the previous page's lookups are done
+                cuda.syncwarp()  # the previous page's lookups are done
                 for b in range(t, 128, T):
                     stp[row, b] = e4m3_f32(b) / g
-                _rq_sync(BLOCK)
+                cuda.syncwarp()
             gm0 = umax(F, w0, sw0, s0, stp, row, g)
             gm1 = umax(F, w1, sw1, s1, stp, row, g) if K > 1 else z
             gm2 = umax(F, w2, sw2, s2, stp, row, g) if K > 2 else z
@@ -658,14 +641,6 @@ def _make_requant(F):
                     amax = max(amax, gm)
             for sh in (16, 8, 4, 2, 1):
                 amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
-            if BLOCK:  # the warps' maxima through shared memory (double-buffered: one barrier per page)
-                if lane == 0:
-                    red[par, wid] = amax
-                cuda.syncthreads()
-                amax = red[par, lane] if lane < nwb else z
-                for sh in (16, 8, 4, 2, 1):
-                    amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
-                par ^= 1
             g2 = global_scale_for(amax)
             if t == 0:
                 out_g[j] = g2
@@ -709,8 +684,8 @@ def _make_requant(F):
             # a loop, not unrolled: one copy of the encoder keeps the hot loop in the instruction
             # cache (unrolled over 4 units it was ~3000 instructions and stalled on fetch; ncu).
             # Units past the kept ones (large pages) are read again.
-            if K == 1:  # bf16: the next unit is read at the end of the iteration, into the same
-                # registers (selecting the kept unit inside the loop cost 32 register moves a page)
+            if K == 1:  # one kept unit: the next unit is read at the end of the iteration, into the
+                # same registers (selecting the kept unit inside the loop cost 32 register moves a page)
                 w, sw, s, gm = w0, sw0, s0, gm0
                 for k in range(nl):
                     u = t + T * k
@@ -730,12 +705,100 @@ def _make_requant(F):
                         w, sw, s = load(c32, scales, wb, sb0, r0, u, nu, ld)
                         gm = umax(F, w, sw, s, stp, row, g)
                     unit(w, sw, s, gm, stp, row, g, g2, g2ok, o32, out_scales, ob, osb, u)
-            j += cuda.gridDim.x * (1 if BLOCK else nwb)
+            j += cuda.gridDim.x * nwb
 
     return requant
 
 
-requant_c4g64_cuda = {f: _make_requant(f) for f in FORMAT_IDS.values()}
+def _make_requant_bf16():
+    """Requantize-to-c4g64 kernel for bf16 pages (same contract as _make_requant's): a block of
+    _BF16_WARPS warps per page, thread t owning half-units (32 values, 16 words) h = t, t + T, ...;
+    the two halves of unit u are lanes 2u, 2u + 1 of a warp, which combine their maxima by one
+    shuffle. A whole unit is 32 registers: with one a thread the kernel could not also hold the
+    next page's, and with 4 blocks of 4 warps an SM it waited on its loads (ncu: long scoreboard,
+    ALU 31%). Half a unit leaves room for the block's next page, loaded while this one is reduced
+    and encoded. Pass 1: the half maxima, the unit maxima, the page amax through shared memory
+    (double-buffered by page parity: one barrier a page); pass 2 encodes 8 values per output word
+    (_bf16_enc8). Half-units past a thread's first (pages of more than 2 T units) are read in
+    both passes; every thread runs the same iterations so that the shuffles are warp-uniform."""
+    T = 32 * _BF16_WARPS
+    F = BF16
+
+    @cuda_kernel(max_registers=_BF16_REGS)
+    def requant(codes, scales, pages, gsrc, out_codes, out_scales, out_g):
+        P = codes.shape[1]
+        D = out_codes.shape[2] * 2
+        t = cuda.threadIdx.x
+        lane = t & 31
+        wid = t >> 5
+        ld = _log2(D)
+        c32 = codes.view(np.uint32)
+        o32 = out_codes.view(np.uint32)
+        red = cuda.shared.array((2, _BF16_WARPS), np.float32)  # the warps' maxima by page parity
+        pd = P * D
+        nu = pd >> 6  # 64-value units (output groups) of a page
+        nh = 2 * nu  # half-units
+        wpp = pd >> 1  # uint32 words per page
+        nit = (nh + T - 1) // T  # half-units a thread walks (the same for all: uniform shuffles)
+        z = np.float32(0.0)
+        n = pages.shape[0]
+        par = 0
+        j = cuda.blockIdx.x
+        wn = _rq_load_half_bf16(c32, pages, j if j < n and t < nh else -1, t, wpp)
+        while j < n:
+            w = wn
+            jn = j + cuda.gridDim.x  # this block's next page: its first half-unit in flight from here on
+            wn = _rq_load_half_bf16(c32, pages, jn if jn < n and t < nh else -1, t, wpp)
+            page = np.int64(pages[j])
+            g = np.float32(gsrc[j])
+            gm0 = _rq_half_max_bf16(w)
+            gm0 = max(gm0, cuda.shfl_xor_sync(_FULL, gm0, 1))
+            amax = gm0 if gm0 <= F32_MAX else _rq_amax_slow(F, codes, scales, page, t >> 1, ld, g)
+            for k in range(1, nit):
+                h = t + T * k
+                wk = _rq_load_half_bf16(c32, pages, j if h < nh else -1, h, wpp)
+                gm = _rq_half_max_bf16(wk)
+                gm = max(gm, cuda.shfl_xor_sync(_FULL, gm, 1))
+                if not (gm <= F32_MAX):
+                    gm = _rq_amax_slow(F, codes, scales, page, h >> 1, ld, g)
+                amax = max(amax, gm)
+            for sh in (16, 8, 4, 2, 1):
+                amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
+            if lane == 0:
+                red[par, wid] = amax
+            cuda.syncthreads()
+            amax = red[par, lane] if lane < _BF16_WARPS else z
+            for sh in (16, 8, 4, 2, 1):
+                amax = max(amax, cuda.shfl_xor_sync(_FULL, amax, sh))
+            par ^= 1
+            g2 = global_scale_for(amax)
+            if t == 0:
+                out_g[j] = g2
+            ob = np.int64(j) * (pd >> 3)  # output uint32 words: 4 a half-unit
+            osb = np.int64(j) * nu  # output scale bytes (one per unit)
+            g2ok = g2 >= np.float32(2.0 ** -100) and g2 <= np.float32(2.0 ** 100)
+            # pass 2, a loop (one copy of the encoder); half-units past the first are read again
+            gm = gm0
+            for k in range(nit):
+                h = t + T * k
+                if k > 0:
+                    w = _rq_load_half_bf16(c32, pages, j if h < nh else -1, h, wpp)
+                    gm = _rq_half_max_bf16(w)
+                    gm = max(gm, cuda.shfl_xor_sync(_FULL, gm, 1))
+                if h < nh:
+                    sb, r = _rq_unit_scale(gm, g2, g2ok)
+                    if (h & 1) == 0:
+                        _stf(out_scales, osb + (h >> 1), sb)
+                    if sb == E4M3_NAN:  # a poisoned group: zero codes
+                        _stf4(o32, ob + 4 * h, (0, 0, 0, 0))
+                    else:
+                        _rq_emit_half_bf16(w, r, o32, ob + 4 * h)
+            j += cuda.gridDim.x
+
+    return requant
+
+
+requant_c4g64_cuda = {f: _make_requant_bf16() if f == BF16 else _make_requant(f) for f in FORMAT_IDS.values()}
 
 
 def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scales, out_g, stream=0):
@@ -746,8 +809,11 @@ def launch_requant_c4g64(fmt_id, codes, scales, pages, gsrc, out_codes, out_scal
     _check_pages(codes, scales, out_codes, out_scales)
     if pages.shape[0] and codes.shape[1]:
         k = requant_c4g64_cuda[int(fmt_id)]
-        warps = pages.shape[0] * (_WARPS if int(fmt_id) in _RQ_BLOCK_PAGE else 1)  # a block or a warp per page
-        k[_grid(k, warps), 32 * _WARPS, stream](codes, scales, pages, gsrc, out_codes, out_scales, out_g)
+        if int(fmt_id) == BF16:  # a block per page
+            k[_grid(k, pages.shape[0] * _BF16_WARPS, 32 * _BF16_WARPS), 32 * _BF16_WARPS, stream](
+                codes, scales, pages, gsrc, out_codes, out_scales, out_g)
+        else:  # a warp per page
+            k[_grid(k, pages.shape[0]), 32 * _WARPS, stream](codes, scales, pages, gsrc, out_codes, out_scales, out_g)
 
 
 PTX_SIGNATURES = [(requant_c4g64_cuda[f], f"void({_CODE_T[f]}[:,:,::1], {_SCALE_T[f]}[:,:,::1], int32[::1], "
