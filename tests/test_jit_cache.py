@@ -5,6 +5,7 @@ each saves a different signature, and the first one's index write lands last. nu
 (by index order) then loads the second signature's code for the first key; ours does not.
 """
 import os
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -134,6 +135,30 @@ def test_every_kernel_has_a_fingerprint_stable_across_processes(tmp_path):
     assert [(m, q, fp) for m, q, _, fp in runs[0]] == [(m, q, fp) for m, q, _, fp in runs[1]]
     kernels = {(m, q, i): fp for m, q, i, fp in runs[0]}  # a kernel may be listed with several signatures
     assert len(set(kernels.values())) == len(kernels)
+
+
+_COPY = """
+import importlib.util
+from coldkv.numba_kernels import requant
+from coldkv.numba_kernels.jit_cache import kernel_fingerprint
+spec = importlib.util.spec_from_file_location("variants.requant_copy", PATH)
+copy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(copy)
+for mod in (requant, copy):
+    print(" ".join(kernel_fingerprint(fn) for fn, sig in mod.PTX_SIGNATURES))
+"""
+
+
+def test_a_copy_outside_the_package_fingerprints_each_kernel(tmp_path):
+    """bench/variants holds copies of kernel files under other module names. Their functions were
+    once fingerprinted by name only, so a factory's kernels shared one fingerprint and the copy's
+    iso3 requant loaded its nvfp4 cubin (same signature; an H100 run at d023b36 failed validation).
+    A copy must fingerprint every kernel apart, as the package does."""
+    src = tmp_path / "requant_copy.py"
+    src.write_text((Path(__file__).parents[1] / "coldkv/numba_kernels/requant.py").read_text())
+    own, copy = (line.split() for line in _offline(f"PATH = {str(src)!r}" + _COPY, tmp_path, 1).splitlines())
+    assert len(set(own)) == len(own) == len(copy) == 5
+    assert len(set(copy)) == 5
 
 
 _COMPILE = """

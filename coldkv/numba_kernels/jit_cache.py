@@ -162,6 +162,9 @@ def _names(code) -> list[str]:
     return out
 
 
+_LIBRARIES = {"numba", "numba_cuda", "numpy", "llvmlite", "math", "cmath", "operator", "functools", "builtins"}
+
+
 def _fingerprint(obj, h, seen: set) -> None:
     """Feed h what obj contributes to a kernel's code (see the module docstring): values as such;
     our functions by name, bytecode, defaults, closure and the globals they read (numba's and
@@ -185,9 +188,12 @@ def _fingerprint(obj, h, seen: set) -> None:
     elif isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType)):
         h.update(f"{type(obj).__name__}:{getattr(obj, '__module__', '')}.{obj.__name__};".encode())
     elif isinstance(obj, types.FunctionType):
-        ours = obj.__globals__.get("__name__", "").startswith("coldkv") or "__name__" not in obj.__globals__
+        # library code is named, not walked (its version is in the key); everything else is walked,
+        # coldkv's and any copy of it (bench/variants): a copy named only would give a factory's
+        # kernels one fingerprint (nvfp4 and iso3 requant, same signature, loaded each other's cubin)
+        ours = obj.__globals__.get("__name__", "").split(".")[0] not in _LIBRARIES
         h.update(f"fn:{obj.__module__}.{obj.__qualname__};".encode())
-        if not ours or id(obj) in seen:  # library code (its version is in the key), or walked already
+        if not ours or id(obj) in seen:  # library code, or walked already
             return
         seen.add(id(obj))
         code = obj.__code__
