@@ -43,8 +43,10 @@ print(json.dumps({"tokens": out[0, len(ids):].tolist()}))
 
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, dict]:
     t = time.perf_counter()
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=900).stdout
-    return time.perf_counter() - t, json.loads(out.strip().splitlines()[-1])
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode:  # the child's own error, not only its exit status
+        raise SystemExit(f"{cmd[:3]} exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return time.perf_counter() - t, json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
