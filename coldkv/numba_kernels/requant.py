@@ -2,7 +2,8 @@
 -> 64-value E2M1 groups with one fp32 global scale per page, computed from the page itself).
 
 Same spec as quant.ref_requantize / quant.requant_c4g64_cpu, bit for bit. One kernel per source
-format (`requant_c4g64_cuda`, built by `_make_requant`), launched by `launch_requant_c4g64`.
+format (`requant_c4g64_cuda`, built by `_make_requant`: a warp per page; bf16 by
+`_make_requant_bf16`: a block per page), launched by `launch_requant_c4g64`.
 Measurements and the design history are in docs/kernels_log.md ("Codec kernels", sessions 8, 9, 14);
 the scalar cores, inline-PTX primitives and launch helpers it shares with append / dequant live in
 quant.py.
