@@ -31,12 +31,14 @@ TWO_LEVEL = ("nvfp4", "iso3")  # formats with a fp32 second-level scale
 
 @dataclass
 class Pool:
-    """One plane kind (K or V) of one layer: pages in one format, with a free list."""
+    """One plane kind (K or V) of one layer: pages in one format, with a free stack (the last
+    entry is handed out first). An array, not a list: a 32k prompt maps ~16k pages at once, and
+    the list's slicing and conversion took ~0.65 ms of host time before a prefill's first kernel."""
 
     fmt: str
     codes: np.ndarray  # [n_pages, page_tokens, code_cols]
     scales: np.ndarray  # [n_pages, page_tokens, scale_cols]
-    free: list[int] = field(default_factory=list)
+    free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def fmt_id(self) -> int:
@@ -57,7 +59,7 @@ class Pool:
         codes, scales = pool_arrays(self.fmt, new, page_tokens, head_dim)
         codes[:old], scales[:old] = self.codes, self.scales
         self.codes, self.scales = codes, scales
-        self.free.extend(range(new - 1, old - 1, -1))  # pop() hands out low indices first
+        self.free = np.concatenate([self.free, np.arange(new - 1, old - 1, -1, dtype=np.int32)])  # low first
 
 
 class PagedKVCache:
@@ -121,10 +123,10 @@ class PagedKVCache:
                 if k == 0:
                     continue
                 pool.grow(k, self.page_tokens, self.head_dim, cap=self.n_kv_heads * self.max_pages)
-                # (head, page) in row-major order get pool.free.pop() in turn, as a loop would; vectorized
-                # because a 32k prompt maps ~16k pages here (~6 ms of Python per prefill, the GPU idle)
+                # (head, page) in row-major order take the stack's top in turn, as a pop() loop would;
+                # vectorized because a 32k prompt maps ~16k pages here (the GPU idles meanwhile)
                 seg[missing] = pool.free[:-k - 1:-1]
-                del pool.free[-k:]
+                pool.free = pool.free[:-k]
         self.length = end
         return pos0
 
@@ -150,7 +152,7 @@ class PagedKVCache:
         for layer, pools in enumerate(self.pools):
             for plane, pool in enumerate(pools):
                 tail = self.block_table[layer, plane, :, keep:]  # [H, pages past the end]
-                pool.free.extend(int(x) for x in tail[tail >= 0])
+                pool.free = np.concatenate([pool.free, tail[tail >= 0].astype(np.int32)])
                 tail[tail >= 0] = -1
         if self.length == 0:
             self.calibrated[:] = ~self._two_level

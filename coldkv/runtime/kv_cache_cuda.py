@@ -117,7 +117,7 @@ class DevicePagedKVCache(PagedKVCache):
 
     def _new_pool(self, fmt: str) -> DevicePool:
         codes, scales = next(self._planes)
-        return DevicePool(fmt, codes, scales, list(range(codes.shape[0] - 1, -1, -1)))
+        return DevicePool(fmt, codes, scales, np.arange(codes.shape[0] - 1, -1, -1, dtype=np.int32))
 
     def extend(self, n: int) -> int:
         pages_before = -(-self.length // self.page_tokens)
