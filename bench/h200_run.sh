@@ -10,6 +10,8 @@
 #             the runtime changed)
 #   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
+#   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
+#             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
@@ -52,6 +54,13 @@ fi
 if has codecs; then
   timeout $(left) python3 bench/codecs.py --commit "$C" --rounds 3 --wait-pid $W --out "$OUT/codecs.json" \
     > "$OUT/codecs.log" 2>&1
+  save
+fi
+if has rqab; then
+  VS=$(for f in bench/variants/requant_*.py; do [ -e "$f" ] && b=$(basename "$f" .py) && \
+       printf 'v%s=coldkv.numba_kernels.quant+variants.%s,' "${b#requant_}" "$b"; done)
+  timeout $(left) python3 bench/codecs.py --commit "$C" --ops requant --formats bf16,int8 --rounds 5 --wait-pid $W \
+    ${VS:+--variants ${VS%,}} --out "$OUT/codecs_requant_ab.json" > "$OUT/codecs_ab.log" 2>&1
   save
 fi
 if has prefill; then
