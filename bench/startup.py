@@ -68,15 +68,19 @@ def main() -> None:
            "--kv-table", "bf16", "-n", str(a.new), "--json"]
     cold, first = timed(cmd, env)
     warm = [timed(cmd, env) for _ in range(a.repeats)]
-    hf = [timed([sys.executable, "-c", _HF, str(a.model), str(prompt), str(a.new)]) for _ in range(a.repeats)]
-    warm_s, hf_s = float(np.median([w[0] for w in warm])), float(np.median([h[0] for h in hf]))
+    warm_s = float(np.median([w[0] for w in warm]))
     row = {"new_tokens": a.new, "prompt_tokens": first["prompt_tokens"], "coldkv_cold_s": round(cold, 2),
            "coldkv_warm_s": round(warm_s, 2), "coldkv_warm_runs_s": [round(w[0], 2) for w in warm],
-           "hf_s": round(hf_s, 2), "hf_runs_s": [round(h[0], 2) for h in hf],
-           "warm_vs_cold": round(cold / warm_s, 2), "hf_vs_coldkv_warm": round(hf_s / warm_s, 2),
+           "warm_vs_cold": round(cold / warm_s, 2),
            "tokens_equal_cold_warm": all(w[1]["tokens"] == first["tokens"] for w in warm),
-           "tokens_equal_hf": hf[0][1]["tokens"] == first["tokens"],
            "kernel_cache_files": len(list((tmp / "kernel_cache").rglob("*.nbc")))}
+    try:  # the peer: its failure is recorded, and coldkv's numbers are kept
+        hf = [timed([sys.executable, "-c", _HF, str(a.model), str(prompt), str(a.new)]) for _ in range(a.repeats)]
+        hf_s = float(np.median([h[0] for h in hf]))
+        row.update(hf_s=round(hf_s, 2), hf_runs_s=[round(h[0], 2) for h in hf],
+                   hf_vs_coldkv_warm=round(hf_s / warm_s, 2), tokens_equal_hf=hf[0][1]["tokens"] == first["tokens"])
+    except SystemExit as e:
+        row["hf_error"] = str(e)[-2000:]
     print(json.dumps(row), flush=True)
     out = {
         "command": "python " + " ".join(sys.argv),
