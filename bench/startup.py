@@ -41,11 +41,15 @@ print(json.dumps({"tokens": out[0, len(ids):].tolist()}))
 """
 
 
+class ChildFailed(RuntimeError):
+    """A timed process exited non-zero; the message holds the end of its stderr."""
+
+
 def timed(cmd: list[str], env: dict | None = None) -> tuple[float, dict]:
     t = time.perf_counter()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if r.returncode:  # the child's own error, not only its exit status
-        raise SystemExit(f"{cmd[:3]} exited {r.returncode}:\n{r.stderr[-3000:]}")
+        raise ChildFailed(f"{cmd[:3]} exited {r.returncode}:\n{r.stderr[-3000:]}")
     return time.perf_counter() - t, json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -79,7 +83,7 @@ def main() -> None:
         hf_s = float(np.median([h[0] for h in hf]))
         row.update(hf_s=round(hf_s, 2), hf_runs_s=[round(h[0], 2) for h in hf],
                    hf_vs_coldkv_warm=round(hf_s / warm_s, 2), tokens_equal_hf=hf[0][1]["tokens"] == first["tokens"])
-    except SystemExit as e:
+    except ChildFailed as e:
         row["hf_error"] = str(e)[-2000:]
     print(json.dumps(row), flush=True)
     out = {
@@ -95,4 +99,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ChildFailed as e:  # coldkv's own run failed: its error, no traceback of ours
+        raise SystemExit(str(e)) from None

@@ -29,6 +29,11 @@ from coldkv.numba_kernels.quant import FORMAT_IDS, append_cpu, global_scale_for,
 TWO_LEVEL = ("nvfp4", "iso3")  # formats with a fp32 second-level scale
 
 
+def free_stack(lo: int, hi: int) -> np.ndarray:
+    """Pages lo .. hi - 1 as a free stack: the last entry is handed out first, so low indices go first."""
+    return np.arange(hi - 1, lo - 1, -1, dtype=np.int32)
+
+
 @dataclass
 class Pool:
     """One plane kind (K or V) of one layer: pages in one format, with a free stack (the last
@@ -59,7 +64,7 @@ class Pool:
         codes, scales = pool_arrays(self.fmt, new, page_tokens, head_dim)
         codes[:old], scales[:old] = self.codes, self.scales
         self.codes, self.scales = codes, scales
-        self.free = np.concatenate([self.free, np.arange(new - 1, old - 1, -1, dtype=np.int32)])  # low first
+        self.free = np.concatenate([self.free, free_stack(old, new)])
 
 
 class PagedKVCache:
@@ -152,8 +157,9 @@ class PagedKVCache:
         for layer, pools in enumerate(self.pools):
             for plane, pool in enumerate(pools):
                 tail = self.block_table[layer, plane, :, keep:]  # [H, pages past the end]
-                pool.free = np.concatenate([pool.free, tail[tail >= 0].astype(np.int32)])
-                tail[tail >= 0] = -1
+                held = tail >= 0
+                pool.free = np.concatenate([pool.free, tail[held].astype(np.int32)])
+                tail[held] = -1
         if self.length == 0:
             self.calibrated[:] = ~self._two_level
 

@@ -20,7 +20,7 @@ from numba.cuda.cudadrv.driver import device_memset
 
 from coldkv.errors import PlanError
 from coldkv.numba_kernels.quant import pool_arrays
-from coldkv.runtime.kv_cache import TWO_LEVEL, PagedKVCache, Pool
+from coldkv.runtime.kv_cache import TWO_LEVEL, PagedKVCache, Pool, free_stack
 from coldkv.runtime.kv_table import KVTable
 
 
@@ -117,7 +117,7 @@ class DevicePagedKVCache(PagedKVCache):
 
     def _new_pool(self, fmt: str) -> DevicePool:
         codes, scales = next(self._planes)
-        return DevicePool(fmt, codes, scales, np.arange(codes.shape[0] - 1, -1, -1, dtype=np.int32))
+        return DevicePool(fmt, codes, scales, free_stack(0, codes.shape[0]))
 
     def extend(self, n: int) -> int:
         pages_before = -(-self.length // self.page_tokens)
