@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit, prompt_ids  # noqa: E402
+from benchutil import git_commit, prompt_ids, versions  # noqa: E402
 
 import coldkv  # noqa: E402
 from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> None:
         wall = run()
     top, busy_ms, n_kernels = kernel_times(prof, a.top)
     out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
-           "commit": git_commit(a.commit), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
+           "commit": git_commit(a.commit), "versions": versions(), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
            "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top,
            "gpu_idle": gpu_gaps(prof, "coldkv.prefill")}
