@@ -81,7 +81,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "qst4": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 0},
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
-DEFAULT_VARIANTS = ["int8@k8off", "int8@qs96", "int8@qs128"]  # what a run adds at --variant-contexts (@ws128: slower at c513766)
+DEFAULT_VARIANTS = ["int8@r128", "int8@qs96"]  # what a run adds at --variant-contexts; int8@r128 is int8 before 693f8b1's qs128 default (@k8off, @ws128: slower)
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

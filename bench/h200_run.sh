@@ -47,7 +47,7 @@ if [ -n "$TESTS" ]; then
   W=$!
 fi
 if has decode; then
-  timeout $(left) python3 bench/attention_decode.py --commit "$C" --wait-pid $W --out "$OUT/attention_decode.json" \
+  timeout $(left) python3 bench/attention_decode.py --commit "$C" --wait-pid $W --variant-contexts 32768 131072 360000 --out "$OUT/attention_decode.json" \
     > "$OUT/decode.log" 2>&1 &
   W=$!
 fi

@@ -610,9 +610,11 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # (166 registers, 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1
 # at 128 registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
 # nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5). Entries: (mma_tiles, max_registers, mma_pipe,
-# mma_qsmem); qsmem (q in shared memory) is untimed so far: `int8@qs96` in bench/attention_decode.py.
+# mma_qsmem). int8 keeps q's MMA fragments in shared memory (qsmem) at 128 registers: its chunk issues
+# all 8 K/V loads before the first IMMA. 131072 tokens: H200 at 693f8b1 94.0 against 97.1 us, H100 at
+# d023b36 122.9 against 125.7 (bench/results/logs/attention_decode_{693f8b1,h100_d023b36}.json).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False), (NVFP4, NVFP4, 4, 128): (0, 128, False, False),
-              (INT8, INT8, 4, 128): (0, 128, False, False),
+              (INT8, INT8, 4, 128): (0, 128, False, True),
               (ISO3, ISO3, 4, 128): (0, 128, False, False), (NVFP4, ISO3, 4, 128): (0, 128, False, False)}
 
 

@@ -538,7 +538,9 @@ _RQ_KEEP = {INT8: 4, NVFP4: 4, ISO3: 4, C4G64: 4}  # 64-value units a lane keeps
 # bf16 (_make_requant_bf16): a block of 8 warps per page, half a unit (16 words) a thread, and the
 # block's next page loaded during this one
 _BF16_WARPS = 8
-_BF16_REGS = 64  # 4 blocks of 8 warps an SM
+# 72 registers: 3 blocks an SM and no spill. H200 at 693f8b1, 5 rounds: 0.403 ms (0.76x copy) against
+# 0.413 at 64 (4 blocks, 8 B spill), every round (bench/results/logs/codecs_requant_ab_693f8b1.json)
+_BF16_REGS = 72
 
 
 def _make_requant(F):

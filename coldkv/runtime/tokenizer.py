@@ -18,8 +18,8 @@ class Tokenizer:
             raise ModelLoadError(f"{path} is not a valid tokenizer.json ({str(exc).splitlines()[0]})") from None
 
     @classmethod
-    def from_dir(cls, model_dir: Path) -> "Tokenizer":
-        return cls(model_dir / "tokenizer.json")
+    def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
+        return cls(Path(model_dir) / "tokenizer.json")
 
     @property
     def vocab_size(self) -> int:
