@@ -171,3 +171,11 @@ def test_golden_greedy_through_transformers(golden_ids):
     with torch.no_grad():
         out = model.generate(torch.tensor([golden_ids]), max_new_tokens=len(GOLDEN_TOKENS), do_sample=False)
     assert out[0, len(golden_ids):].tolist() == GOLDEN_TOKENS
+
+
+def test_tokenizer_from_dir_takes_a_str_or_a_path():
+    """bench/startup.py's HF child passes argv's str (it failed on `str / str` before 9aba3f8)."""
+    from coldkv.runtime.tokenizer import Tokenizer
+
+    text = "The pass key is 4829173."
+    assert Tokenizer.from_dir(str(MODEL)).encode(text) == Tokenizer.from_dir(MODEL).encode(text)

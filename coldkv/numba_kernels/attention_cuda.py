@@ -612,7 +612,7 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5). Entries: (mma_tiles, max_registers, mma_pipe,
 # mma_qsmem). int8 keeps q's MMA fragments in shared memory (qsmem) at 128 registers: its chunk issues
 # all 8 K/V loads before the first IMMA. 131072 tokens: H200 at 693f8b1 94.0 against 97.1 us, H100 at
-# d023b36 122.9 against 125.7 (bench/results/logs/attention_decode_{693f8b1,h100_d023b36}.json).
+# d023b36 122.9 against 125.7 (bench/results/attention_decode.json, logs/attention_decode_h100_d023b36.json).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False), (NVFP4, NVFP4, 4, 128): (0, 128, False, False),
               (INT8, INT8, 4, 128): (0, 128, False, True),
               (ISO3, ISO3, 4, 128): (0, 128, False, False), (NVFP4, ISO3, 4, 128): (0, 128, False, False)}
