@@ -157,8 +157,8 @@ def test_a_copy_outside_the_package_fingerprints_each_kernel(tmp_path):
     src = tmp_path / "requant_copy.py"
     src.write_text((Path(__file__).parents[1] / "coldkv/numba_kernels/requant.py").read_text())
     own, copy = (line.split() for line in _offline(f"PATH = {str(src)!r}" + _COPY, tmp_path, 1).splitlines())
-    assert len(set(own)) == len(own) == len(copy) == 5
-    assert len(set(copy)) == 5
+    assert len(set(own)) == len(own) == 5
+    assert len(set(copy)) == len(copy) == 5
 
 
 _COMPILE = """

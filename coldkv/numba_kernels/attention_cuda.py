@@ -601,7 +601,7 @@ def _cold_in_range(table, n_pages: int) -> bool:
     return bool((t[:, :, :n_pages] <= -2).any())
 
 
-# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe) where a measured variant beat the default:
+# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe, mma_qsmem) where a measured variant beat the default:
 # H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
 # 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
 # (bench/results/attention_decode_variants_cc0384c.json). int8 is capped at 128: uncapped, its
@@ -609,8 +609,7 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # 100.0) and to 130 at d26488a (3 blocks per SM: 111.9 us). bf16: software-pipelined loads, uncapped
 # (166 registers, 3 blocks per SM), H200 at 9941117 and dd17991: 146.8 / 147.5 us against 154.6 / 156.1
 # at 128 registers without (bench/results/logs/decode_variants_dd17991.json); the other formats gained
-# nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5). Entries: (mma_tiles, max_registers, mma_pipe,
-# mma_qsmem). int8 keeps q's MMA fragments in shared memory (qsmem) at 128 registers: its chunk issues
+# nothing from it (nvfp4 93.7 vs 93.0, int8 116.3 vs 100.5). int8 keeps q's MMA fragments in shared memory (qsmem) at 128 registers: its chunk issues
 # all 8 K/V loads before the first IMMA. 131072 tokens: H200 at 693f8b1 94.0 against 97.1 us, H100 at
 # d023b36 122.9 against 125.7 (bench/results/attention_decode.json, logs/attention_decode_h100_d023b36.json).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False), (NVFP4, NVFP4, 4, 128): (0, 128, False, False),
