@@ -357,6 +357,42 @@ def test_e2m1_table16_matches_reference():
         assert tuple(int(v) for v in Q.e2m1_table16(a, b)) == _table32(a, b), (a, b)
 
 
+def _iso3_table32(d, r):
+    """The iso3 requant table from the reference E2M1 encoder on the reference's own products
+    fl(fl(m d) r), m = 1..7 (byte m of lo:hi, byte 0 = 0)."""
+    t = 0
+    for m in range(1, 8):
+        y = np.float32(np.float32(np.float32(m) * np.float32(d)) * np.float32(r))
+        t |= (int(Q.ref_e2m1_encode(np.float32([y]))[0]) & 7) << (8 * m)
+    return t & 0xFFFFFFFF, t >> 32
+
+
+def _iso3_table16q(d, r):
+    d, r = np.float32(d), np.float32(r)
+    return tuple(int(v) for v in Q.iso3_table16q(d * r, (d * np.float32(3)) * r, (d * np.float32(5)) * r,
+                                                  (d * np.float32(7)) * r))
+
+
+def test_iso3_table16q_matches_reference():
+    """The iso3 fast-page table (four products, doublings for m = 2, 4, 6; simulator emulation,
+    the asm checked by test_gpu_iso3_table16q) == the reference encoder on fl(fl(m d) r) for every m:
+    products on each decision boundary +-4 ulps, random steps and multipliers over the fast
+    page's range (d in [2^-119, 2^119], r = g2 / s finite), zeros."""
+    if not numba.config.ENABLE_CUDASIM:
+        pytest.skip("device functions are called from Python under the simulator only")
+    rng = np.random.default_rng(11)
+    pairs = [(0.0, 1.0), (1.0, 0.0), (2.0 ** -119, 2.0 ** -109), (2.0 ** 119, 2.0 ** 109), (2.0 ** 119, 1.0)]
+    for y in _mag_probe_values()[:135]:  # boundaries and grid points +-4 ulps: land m d r on them
+        for m in (1, 3, 5, 7):
+            r = np.float32(rng.uniform(0.5, 8.0))
+            pairs.append((np.float32(y) / np.float32(m) / r, r))
+            pairs.append((np.float32(y) / np.float32(2 * m) / r, r))
+    for _ in range(3000):
+        pairs.append((np.float32(2.0 ** rng.uniform(-20, 10)), np.float32(2.0 ** rng.uniform(-10, 20))))
+    for d, r in pairs:
+        assert _iso3_table16q(d, r) == _iso3_table32(d, r), (d, r)
+
+
 def test_simd_lane_emulations():
     """The simulator's u16x2/s16x2 max/min and PRMT (with its sign-replicate selectors), from the
     PTX definitions."""
@@ -443,6 +479,32 @@ def test_gpu_e2m1_table16_exhaustive():
     bad = cuda.to_device(np.zeros(1, np.int64))
     _table16_mismatch_kernel[8192, 256](0, hi, bad)
     _table16_mismatch_kernel[1, 1](int(np.float32(np.inf).view(np.uint32)), 1, bad)
+    assert bad.copy_to_host()[0] == 0
+
+
+@cuda.jit
+def _iso3_table_mismatch_kernel(lo, n, bad):
+    i = cuda.grid(1)
+    for k in range(i, n, cuda.gridsize(1)):
+        x = Q.bits_f32(np.uint32(lo + k))
+        a, b = Q.iso3_table16q(x, x, x, x)
+        e1 = Q.e2m1_mag_bits_x(x, np.float32(0.5)) & 7
+        e2 = Q.e2m1_mag_bits_x(x, np.float32(1.0)) & 7
+        e4 = Q.e2m1_mag_bits_x(x, np.float32(2.0)) & 7
+        if a != (e1 << 8) | (e2 << 16) | (e1 << 24) or b != e4 | (e1 << 8) | (e2 << 16) | (e1 << 24):
+            cuda.atomic.add(bad, 0, 1)
+
+
+@pytest.mark.gpu
+def test_gpu_iso3_table16q_exhaustive():
+    """The iso3 table asm == the fp32 encoder (itself exhaustively checked) in every slot on every
+    float32 in [0, 64] (past that every entry is 7), plus inf. Each slot is computed from its own
+    product alone, so equal products check them all; the doubling argument that picks the
+    products is test_iso3_table16q_matches_reference's."""
+    hi = int(np.float32(64.0).view(np.uint32)) + 1
+    bad = cuda.to_device(np.zeros(1, np.int64))
+    _iso3_table_mismatch_kernel[8192, 256](0, hi, bad)
+    _iso3_table_mismatch_kernel[1, 1](int(np.float32(np.inf).view(np.uint32)), 1, bad)
     assert bad.copy_to_host()[0] == 0
 
 

@@ -785,6 +785,12 @@ if config.ENABLE_CUDASIM:
 
     e2m1_table16q = e2m1_table16
 
+    def iso3_table16q(p1, p3, p5, p7):
+        h1, h3, h5, h7 = (_ro16(abs(float(np.float32(v)))) for v in (p1, p3, p5, p7))
+        lo = (_mag16(h1, 0.5) << 8) | (_mag16(h1, 1.0) << 16) | (_mag16(h3, 0.5) << 24)
+        hi = _mag16(h1, 2.0) | (_mag16(h5, 0.5) << 8) | (_mag16(h3, 1.0) << 16) | (_mag16(h7, 0.5) << 24)
+        return np.uint32(lo), np.uint32(hi)
+
     def e4m3_sat_byte(v):
         return np.uint32(e4m3_sat_bits(v) & 0xFF)
 
@@ -862,6 +868,26 @@ else:
         " mov.b32 ta, $2;\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n mov.b32 xa, ta;\n"
         " mov.b32 tc, $3;\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n or.b32 tc, tc, td;\n mov.b32 xb, tc;\n"
         " cvt.rz.f16x2.f32 h, xb, xa;\n"), "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    # The iso3 requant table from its four distinct products p_m = fl(fl(m d) r), m = 1, 3, 5, 7 (>= 0;
+    # 2 d, 4 d, 6 d are exact doublings, so E(2m d r) = E(2 p_m)): the same round-to-odd fp16 and
+    # f16x2 encoder as e2m1_table16q, 7 entries in 4 encodes instead of 7 fp32 ones (_rq_table32).
+    # Bytes: lo = (0, E(p1), E(2 p1), E(p3)), hi = (E(4 p1), E(p5), E(2 p3), E(p7)).
+    _RO16 = (" mov.b32 ta, {0};\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n"
+             " mov.b32 xa, ta;\n mov.b32 tc, {1};\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n"
+             " or.b32 tc, tc, td;\n mov.b32 xb, tc;\n cvt.rz.f16x2.f32 {2}, xb, xa;\n")
+    _ENC16 = (" mov.b32 k, {1};\n mul.rn.sat.f16x2 u, {0}, k;\n fma.rn.sat.f16x2 v, {0}, k, m1;\n"
+              " fma.rn.sat.f16x2 w, {0}, k, m2;\n fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n"
+              " add.rn.f16x2 {2}, w, t;\n")
+    iso3_table16q = asm(
+        "{.reg .b32 h1, h57, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .f32 xa, xb;\n"
+        + _RO16.format("$2", "$3", "h1") + _RO16.format("$4", "$5", "h57")
+        + " mov.b32 m1, 0xBC00BC00;\n mov.b32 m2, 0xC000C000;\n mov.b32 f4, 0x44004400;\n"
+          " mov.b32 f2, 0x40004000;\n mov.b32 big, 0x64006400;\n prmt.b32 x, h1, h1, 0x1010;\n"
+        + _ENC16.format("x", "0x38000000", "ta") + _ENC16.format("h1", "0x38003C00", "tb")
+        + " prmt.b32 x, h1, h57, 0x5410;\n" + _ENC16.format("x", "0x38004000", "tc")
+        + " prmt.b32 x, h1, h57, 0x7632;\n" + _ENC16.format("x", "0x38003C00", "td")
+        + " prmt.b32 $0, ta, tb, 0x6420;\n prmt.b32 $1, tc, td, 0x6420;}",
+        "=r,=r,f,f,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32,) * 4)
     # e4m3_sat_bits's low byte alone (the high byte converts 0)
     e4m3_sat_byte = asm("{.reg .b16 t, z;\n mov.b16 z, 0;\n cvt.rn.satfinite.e4m3x2.f32 t, 0f00000000, $1;\n"
                         " mov.b32 $0, {t, z};}", "=r,f", _t.uint32, (_t.float32,))

@@ -22,7 +22,7 @@ from coldkv.numba_kernels.quant import (  # the codec kernels' scalar cores, asm
     _ldf, _ldf4, _ldw, _log2, _prmt, _signs8, _stf, _stf4, _u32, and3, bits_f32, decode_value,
     e2m1_dec_bits, e2m1_enc_bits, e2m1_mag_bits, e2m1_table16, e2m1_table16q, e4m3_f32,
     e4m3_sat_bits, e4m3_sat_byte, f32_bits, fdiv6, fdivp, fma_rp, fma_sat, global_scale_for,
-    iso3_dec_bits, max_s16x2, max_u16x2, min_s16x2, mul_sat, rcp_approx,
+    iso3_dec_bits, iso3_table16q, max_s16x2, max_u16x2, min_s16x2, mul_sat, rcp_approx,
 )
 
 
@@ -505,8 +505,9 @@ def _rq_quarter_fast(F, srow, b, nm, r, w0, w1):
     and in e2m1_table16's range (checked once per page), r finite, so the table has no branch and
     no abs, and the sign of d r is the byte's sign bit."""
     d = srow[b & np.uint32(0x7F)]
-    if F == ISO3:  # magnitudes 1..7 times d: no power-of-two shortcut, one fp32 encode per entry
-        lo, hi = _rq_table32(F, d, r)
+    if F == ISO3:  # magnitudes 1..7 times d: four distinct products (2, 4, 6 are doublings)
+        lo, hi = iso3_table16q(d * r, (d * np.float32(3.0)) * r, (d * np.float32(5.0)) * r,
+                               (d * np.float32(7.0)) * r)
     else:
         lo, hi = e2m1_table16q(d * r, (d * np.float32(1.5)) * r)
     x0 = _u32(w0)
