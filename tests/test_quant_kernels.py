@@ -375,7 +375,7 @@ def _iso3_table16q(d, r):
 
 def test_iso3_table16q_matches_reference():
     """The iso3 fast-page table (four products, doublings for m = 2, 4, 6; simulator emulation,
-    the asm checked by test_gpu_iso3_table16q) == the reference encoder on fl(fl(m d) r) for every m:
+    the asm checked by test_gpu_iso3_table16q_exhaustive) == the reference encoder on fl(fl(m d) r) for every m:
     products on each decision boundary +-4 ulps, random steps and multipliers over the fast
     page's range (d in [2^-119, 2^119], r = g2 / s finite), zeros."""
     if not numba.config.ENABLE_CUDASIM:

@@ -837,52 +837,49 @@ else:
     # 1024 instead of 2^23 for the roundings). Bytes as requant._rq_table's: lo = (0, E(a/2), E(a), E(b)),
     # hi = (E(2a), E(2b), E(4a), E(4b)). test_gpu_e2m1_table16_exhaustive checks it on every
     # float32 in [0, 64] against the fp32 encoder.
-    _TAB16 = ("{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
-              " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n abs.f32 xa, $2;\n abs.f32 xb, $3;\n"
-              " cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n cvt.f32.f16 fb, hh;\n"
-              " setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n"
-              " mov.b32 m1, 0xBC00BC00;\n mov.b32 m2, 0xC000C000;\n mov.b32 f4, 0x44004400;\n"
-              " mov.b32 f2, 0x40004000;\n mov.b32 big, 0x64006400;\n prmt.b32 x, h, h, 0x1010;\n"
-              " mov.b32 k, 0x34000000;\n"
-              " mul.rn.sat.f16x2 u, x, k;\n fma.rn.sat.f16x2 v, x, k, m1;\n fma.rn.sat.f16x2 w, x, k, m2;\n"
-              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 ta, w, t;\n"
-              " mov.b32 k, 0x38003800;\n"
-              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
-              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 tb, w, t;\n"
-              " mov.b32 k, 0x3C003C00;\n"
-              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
-              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 tc, w, t;\n"
-              " mov.b32 k, 0x40004000;\n"
-              " mul.rn.sat.f16x2 u, h, k;\n fma.rn.sat.f16x2 v, h, k, m1;\n fma.rn.sat.f16x2 w, h, k, m2;\n"
-              " fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n add.rn.f16x2 td, w, t;\n"
-              " prmt.b32 $0, ta, tb, 0x6420;\n prmt.b32 $1, tc, td, 0x6420;}")
-    e2m1_table16 = asm(_TAB16, "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
-    # e2m1_table16 for x, y >= 0 (no abs), the round-to-odd fp16 conversion by integer ops: for x >= 0 in fp16's
-    # normal range, rz(x | sticky at bit 13) is round-to-odd (the 13 dropped bits' OR lands in the
-    # kept LSB: x + 0x1FFF carries into bit 13 exactly when a dropped bit is set); below 2^-14
-    # every table entry is 0 either way (the largest product looked up is 4x < 1/4), above 65504
-    # rz saturates to 65504 either way
-    e2m1_table16q = asm(_TAB16.replace(
-        " abs.f32 xa, $2;\n abs.f32 xb, $3;\n cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n"
-        " cvt.f32.f16 fb, hh;\n setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n",
-        " mov.b32 ta, $2;\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n mov.b32 xa, ta;\n"
-        " mov.b32 tc, $3;\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n or.b32 tc, tc, td;\n mov.b32 xb, tc;\n"
-        " cvt.rz.f16x2.f32 h, xb, xa;\n"), "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
-    # The iso3 requant table from its four distinct products p_m = fl(fl(m d) r), m = 1, 3, 5, 7 (>= 0;
-    # 2 d, 4 d, 6 d are exact doublings, so E(2m d r) = E(2 p_m)): the same round-to-odd fp16 and
-    # f16x2 encoder as e2m1_table16q, 7 entries in 4 encodes instead of 7 fp32 ones (_rq_table32).
-    # Bytes: lo = (0, E(p1), E(2 p1), E(p3)), hi = (E(4 p1), E(p5), E(2 p3), E(p7)).
+    # Building blocks: _RO16 rounds two float32 >= 0 ({0}, {1}) to an fp16 pair ({2}: {0} low) by
+    # round-to-odd in integer ops (for x >= 0 in fp16's normal range rz(x | sticky at bit 13) is
+    # round-to-odd: x + 0x1FFF carries into bit 13 exactly when a dropped bit is set; below 2^-14 every
+    # table entry is 0 either way (the largest product looked up is 4x < 1/4), above 65504 rz saturates
+    # to 65504 either way); _ENC16 is the six-op encoder on an f16x2 pair ({0}) with multipliers {1}.
     _RO16 = (" mov.b32 ta, {0};\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n"
              " mov.b32 xa, ta;\n mov.b32 tc, {1};\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n"
              " or.b32 tc, tc, td;\n mov.b32 xb, tc;\n cvt.rz.f16x2.f32 {2}, xb, xa;\n")
     _ENC16 = (" mov.b32 k, {1};\n mul.rn.sat.f16x2 u, {0}, k;\n fma.rn.sat.f16x2 v, {0}, k, m1;\n"
               " fma.rn.sat.f16x2 w, {0}, k, m2;\n fma.rn.f16x2 t, u, f4, big;\n fma.rn.f16x2 t, v, f2, t;\n"
               " add.rn.f16x2 {2}, w, t;\n")
+    _ENC16_CONSTS = (" mov.b32 m1, 0xBC00BC00;\n mov.b32 m2, 0xC000C000;\n mov.b32 f4, 0x44004400;\n"
+                     " mov.b32 f2, 0x40004000;\n mov.b32 big, 0x64006400;\n")
+    _TAB16_ENC = (_ENC16_CONSTS + " prmt.b32 x, h, h, 0x1010;\n"
+                  + _ENC16.format("x", "0x34000000", "ta") + _ENC16.format("h", "0x38003800", "tb")
+                  + _ENC16.format("h", "0x3C003C00", "tc") + _ENC16.format("h", "0x40004000", "td")
+                  + " prmt.b32 $0, ta, tb, 0x6420;\n prmt.b32 $1, tc, td, 0x6420;}")
+    # The 4-bit requant's 8-entry table from a = d r and b = (1.5 d) r, two entries per f16x2
+    # instruction: |a|, |b| rounded to fp16 by round-to-odd (toward zero, lowest bit set when
+    # inexact), which keeps every comparison with the E2M1 decision points (3 significant bits,
+    # 11 >= 3 + 2) and ties exactly; then the six-op encoder in f16x2 (the same exactness argument,
+    # 1024 instead of 2^23 for the roundings). Bytes as requant._rq_table's: lo = (0, E(a/2), E(a), E(b)),
+    # hi = (E(2a), E(2b), E(4a), E(4b)). test_gpu_e2m1_table16_exhaustive checks it on every
+    # float32 in [0, 64] against the fp32 encoder.
+    e2m1_table16 = asm(
+        "{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
+        " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n abs.f32 xa, $2;\n abs.f32 xb, $3;\n"
+        " cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n cvt.f32.f16 fb, hh;\n"
+        " setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n"
+        + _TAB16_ENC, "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    # e2m1_table16 for x, y >= 0 (no abs), the round-to-odd conversion by _RO16
+    e2m1_table16q = asm(
+        "{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
+        " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n" + _RO16.format("$2", "$3", "h") + _TAB16_ENC,
+        "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    # The iso3 requant table from its four distinct products p_m = fl(fl(m d) r), m = 1, 3, 5, 7 (>= 0;
+    # 2 d, 4 d, 6 d are exact doublings, so E(2m d r) = E(2 p_m)): the same round-to-odd fp16 and
+    # f16x2 encoder as e2m1_table16q, 7 entries in 4 encodes instead of 7 fp32 ones (_rq_table32).
+    # Bytes: lo = (0, E(p1), E(2 p1), E(p3)), hi = (E(4 p1), E(p5), E(2 p3), E(p7)).
     iso3_table16q = asm(
         "{.reg .b32 h1, h57, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .f32 xa, xb;\n"
         + _RO16.format("$2", "$3", "h1") + _RO16.format("$4", "$5", "h57")
-        + " mov.b32 m1, 0xBC00BC00;\n mov.b32 m2, 0xC000C000;\n mov.b32 f4, 0x44004400;\n"
-          " mov.b32 f2, 0x40004000;\n mov.b32 big, 0x64006400;\n prmt.b32 x, h1, h1, 0x1010;\n"
+        + _ENC16_CONSTS + " prmt.b32 x, h1, h1, 0x1010;\n"
         + _ENC16.format("x", "0x38000000", "ta") + _ENC16.format("h1", "0x38003C00", "tb")
         + " prmt.b32 x, h1, h57, 0x5410;\n" + _ENC16.format("x", "0x38004000", "tc")
         + " prmt.b32 x, h1, h57, 0x7632;\n" + _ENC16.format("x", "0x38003C00", "td")
