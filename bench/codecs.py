@@ -303,7 +303,7 @@ def run_gpu(args, save):
     # the baseline copy again inside every round of every op: a slow spell of the GPU (seen on the
     # H100 in session 24: one format's requant 15% slower for all five rounds of a run, not in the
     # next) then shows in the copy too, and ratio_to_copy_rounds cancels it
-    peers, _peer_buffers = copy_launchers(ws // 4)
+    peers, _ = copy_launchers(ws // 4)  # the launchers keep their buffers alive
     peer = peers[results["copy"]["copy"]["kernel"]]
 
     def interleaved(op, f, fns, moved, check, **extra):
