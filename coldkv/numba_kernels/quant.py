@@ -830,18 +830,11 @@ else:
     max_u16x2 = asm("max.u16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     max_s16x2 = asm("max.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
     min_s16x2 = asm("min.s16x2 $0, $1, $2;", "=r,r,r", _t.uint32, (_t.uint32, _t.uint32))
-    # The 4-bit requant's 8-entry table from a = d r and b = (1.5 d) r, two entries per f16x2
-    # instruction: |a|, |b| rounded to fp16 by round-to-odd (toward zero, lowest bit set when
-    # inexact), which keeps every comparison with the E2M1 decision points (3 significant bits,
-    # 11 >= 3 + 2) and ties exactly; then the six-op encoder in f16x2 (the same exactness argument,
-    # 1024 instead of 2^23 for the roundings). Bytes as requant._rq_table's: lo = (0, E(a/2), E(a), E(b)),
-    # hi = (E(2a), E(2b), E(4a), E(4b)). test_gpu_e2m1_table16_exhaustive checks it on every
-    # float32 in [0, 64] against the fp32 encoder.
     # Building blocks: _RO16 rounds two float32 >= 0 ({0}, {1}) to an fp16 pair ({2}: {0} low) by
     # round-to-odd in integer ops (for x >= 0 in fp16's normal range rz(x | sticky at bit 13) is
     # round-to-odd: x + 0x1FFF carries into bit 13 exactly when a dropped bit is set; below 2^-14 every
     # table entry is 0 either way (the largest product looked up is 4x < 1/4), above 65504 rz saturates
-    # to 65504 either way); _ENC16 is the six-op encoder on an f16x2 pair ({0}) with multipliers {1}.
+    # to 65504 either way); _ENC16 is the six-op encoder on an f16x2 pair ({0}) with multipliers {1}, into {2}.
     _RO16 = (" mov.b32 ta, {0};\n add.u32 tb, ta, 0x1FFF;\n and.b32 tb, tb, 0x2000;\n or.b32 ta, ta, tb;\n"
              " mov.b32 xa, ta;\n mov.b32 tc, {1};\n add.u32 td, tc, 0x1FFF;\n and.b32 td, td, 0x2000;\n"
              " or.b32 tc, tc, td;\n mov.b32 xb, tc;\n cvt.rz.f16x2.f32 {2}, xb, xa;\n")
