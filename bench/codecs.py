@@ -152,18 +152,18 @@ def copy_launchers(n):
     }, (src, dst)
 
 
-def copy_baselines(n, repeats, clocks=lambda fn: None):
-    """GB/s of the copy kernels over n float32 (bytes = read + written); ratios use the fastest
-    Numba one (`copy`), the goal's baseline, and torch's d2d copy (`torch_d2d`) when present."""
+def copy_baselines(launchers, repeats, clocks=lambda fn: None):
+    """GB/s of the copy kernels of copy_launchers(n) (bytes = read + written); ratios use the
+    fastest Numba one (`copy`), the goal's baseline, and torch's d2d copy (`torch_d2d`) when present."""
     out = {}
     sims = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
-    variants, (src, dst) = copy_launchers(n)
+    variants, (src, dst) = launchers
+    n = src.size
     for name, fn in variants.items():
         dst[:] = np.float32(0)
         ms, _ = timed(fn, repeats)
         assert np.array_equal(dst.copy_to_host(), src.copy_to_host()), name
         out[name] = {"bytes": 2 * n * 4, "ms": ms, "GBps": 2 * n * 4 / ms / 1e6, "clocks": clocks(fn)}
-    del variants, src, dst
     try:
         import torch
 
@@ -294,7 +294,8 @@ def run_gpu(args, save):
         while os.path.exists(f"/proc/{args.wait_pid}"):
             time.sleep(0.5)
     # --- baselines
-    results["copy"] = copy_baselines(ws // 4, args.repeats, clocks)
+    peers, peer_buffers = copy_launchers(ws // 4)
+    results["copy"] = copy_baselines((peers, peer_buffers), args.repeats, clocks)
     print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" + (f" (SM {v['clocks']['sm_mhz_median']:.0f} MHz)"
                                                               if (v.get("clocks") or {}).get("sm_mhz_median") else "")
                                     for k, v in results["copy"].items() if k != "copy"),
@@ -303,7 +304,6 @@ def run_gpu(args, save):
     # the baseline copy again inside every round of every op: a slow spell of the GPU (seen on the
     # H100 in session 24: one format's requant 15% slower for all five rounds of a run, not in the
     # next) then shows in the copy too, and ratio_to_copy_rounds cancels it
-    peers, _ = copy_launchers(ws // 4)  # the launchers keep their buffers alive
     peer = peers[results["copy"]["copy"]["kernel"]]
 
     def interleaved(op, f, fns, moved, check, **extra):
