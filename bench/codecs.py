@@ -85,7 +85,12 @@ def nmse_table(tokens=4096, head_dim=128, seed=1):
 
 
 def timed(fn, repeats):
-    """Median milliseconds of fn() over `repeats` runs bracketed by CUDA events (1 warm-up)."""
+    """Median milliseconds of fn() over `repeats` runs bracketed by CUDA events (1 warm-up), the
+    runs, and the median host milliseconds to enqueue one (must stay well under the first). Each timed run is enqueued behind an untimed one, so the start event fires when the
+    GPU finishes that one, not when the host gets round to it: with the events around a lone launch,
+    the host's launch cost (Numba's argument handling, ~0.1 ms on a slow host) was timed as GPU
+    time (the H200 at 84c9650, whose host was 1.6x slower at eager decode, read bf16 dequant 25%
+    slower than at 9aba3f8 with the same kernel)."""
     fn()
     cuda.synchronize()
     times = []
@@ -94,15 +99,19 @@ def timed(fn, repeats):
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(times)), times
+        return float(np.median(times)), times, float(np.median(times))
+    host = []
     for _ in range(repeats):
         start, end = cuda.event(timing=True), cuda.event(timing=True)
+        fn()  # the lead run: busy on the GPU while the host enqueues the timed one
+        t0 = time.perf_counter()
         start.record()
         fn()
         end.record()
+        host.append((time.perf_counter() - t0) * 1e3)
         end.synchronize()
         times.append(cuda.event_elapsed_time(start, end))
-    return float(np.median(times)), [round(t, 4) for t in times]
+    return float(np.median(times)), [round(t, 4) for t in times], float(np.median(host))
 
 
 @cuda.jit
@@ -161,9 +170,9 @@ def copy_baselines(launchers, repeats, clocks=lambda fn: None):
     n = src.size
     for name, fn in variants.items():
         dst[:] = np.float32(0)
-        ms, _ = timed(fn, repeats)
+        ms, _, host_ms = timed(fn, repeats)
         assert np.array_equal(dst.copy_to_host(), src.copy_to_host()), name
-        out[name] = {"bytes": 2 * n * 4, "ms": ms, "GBps": 2 * n * 4 / ms / 1e6, "clocks": clocks(fn)}
+        out[name] = {"bytes": 2 * n * 4, "ms": ms, "enqueue_ms": host_ms, "GBps": 2 * n * 4 / ms / 1e6, "clocks": clocks(fn)}
     try:
         import torch
 
@@ -176,6 +185,7 @@ def copy_baselines(launchers, repeats, clocks=lambda fn: None):
         ts = []
         for _ in range(repeats):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            b.copy_(a)  # the lead run, as in timed()
             s.record()
             b.copy_(a)
             e.record()
@@ -312,11 +322,13 @@ def run_gpu(args, save):
         clock or temperature hits every module and the copy alike); record each with its median
         over all rounds, its per-round medians and its ratio to the copy of the same rounds, after
         checking its output against the reference."""
-        per = {k: [] for k in fns}
+        per, host = {k: [] for k in fns}, {k: [] for k in fns}
         copy_rounds = []
         for _ in range(args.rounds):
             for k, fn in fns.items():
-                per[k].append(timed(fn, args.repeats)[1])
+                _, times, host_ms = timed(fn, args.repeats)
+                per[k].append(times)
+                host[k].append(host_ms)
             copy_rounds.append(timed(peer, args.repeats)[1])
         copy_ms = float(np.median([t for r in copy_rounds for t in r]))
         for k, fn in fns.items():
@@ -326,7 +338,7 @@ def run_gpu(args, save):
             raw = [t for r in per[k] for t in r]
             ms = float(np.median(raw))
             record(kernels=k, op=op, fmt=f, ms=ms, bytes=moved, times_ms=raw,
-                   round_ms=[float(np.median(r)) for r in per[k]], clocks=clocks(fn),
+                   round_ms=[float(np.median(r)) for r in per[k]], enqueue_ms=float(np.median(host[k])), clocks=clocks(fn),
                    copy_round_ms=[float(np.median(r)) for r in copy_rounds],
                    ratio_to_copy_rounds=(moved / ms) / (results["copy"]["copy"]["bytes"] / copy_ms), **extra)
 
@@ -402,7 +414,8 @@ def run_gpu(args, save):
             clk = f"  SM {r['clocks']['sm_mhz_median']:.0f} MHz" if (r.get("clocks") or {}).get("sm_mhz_median") else ""
             rounds = " rounds " + " ".join(f"{t:.3f}" for t in r["round_ms"]) if len(r["round_ms"]) > 1 else ""
             print(f"{r['kernels']:>8} {r['op']:>14} {f:>6}: {r['ms']:8.3f} ms  {r['GBps']:7.0f} GB/s  "
-                  f"{r['ratio_to_copy']:.2f}x copy ({r['ratio_to_copy_rounds']:.2f}x its rounds' copy){clk}{rounds}",
+                  f"{r['ratio_to_copy']:.2f}x copy ({r['ratio_to_copy_rounds']:.2f}x its rounds' copy), "
+                  f"enqueue {r['enqueue_ms']:.3f} ms{clk}{rounds}",
                   flush=True)
         save(results)
     return results
