@@ -86,11 +86,12 @@ def nmse_table(tokens=4096, head_dim=128, seed=1):
 
 def timed(fn, repeats):
     """Median milliseconds of fn() over `repeats` runs bracketed by CUDA events (1 warm-up), the
-    runs, and the median host milliseconds to enqueue one (must stay well under the first). Each timed run is enqueued behind an untimed one, so the start event fires when the
-    GPU finishes that one, not when the host gets round to it: with the events around a lone launch,
-    the host's launch cost (Numba's argument handling, ~0.1 ms on a slow host) was timed as GPU
-    time (the H200 at 84c9650, whose host was 1.6x slower at eager decode, read bf16 dequant 25%
-    slower than at 9aba3f8 with the same kernel)."""
+    runs, and the median host milliseconds to enqueue one (must stay well under the first).
+    Each timed run is enqueued behind an untimed one still running, so the start event fires when
+    the GPU reaches it, not when the host gets round to it. With the events around a lone launch,
+    the host's launch cost (Numba's argument handling, 0.06-0.13 ms) was timed as GPU time: one
+    H200 read bf16 requant at 0.490 ms timed that way and 0.342 ms timed this way
+    (docs/kernels_log.md "Session 25")."""
     fn()
     cuda.synchronize()
     times = []
