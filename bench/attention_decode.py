@@ -10,11 +10,11 @@ filled on the device with random codes and scales (random shuffled block table),
      torch code written here from the format definitions (an independent decoder);
   2. time coldkv (attention kernel + split reduction) and SDPA (`enable_gqa=True`) on bf16 K/V
      of the same shape: CUDA events around each call, an L2 flush (1 GiB fill) before each, the
-     median of --repeats after warm-up. The flush is meant to hide Python launch time (the GPU is
-     busy with it while the launches are enqueued), but only up to the flush's ~250 us:
-     `enqueue_us` reports the CPU time of a call, and where it is larger the GPU waited for the
-     launch inside the timed interval. So each row is also timed as a CUDA-graph replay of the
-     same call (device-position mode, `coldkv_graph_us`), which has no Python in it.
+     median of --repeats after warm-up. After the flush the GPU spins ~2 ms (event_time) so the
+     host's launch (`enqueue_us`, 400-650 us from Python) is enqueued before the start event
+     fires; until 35b3f2e only the flush's ~250 us covered it and the excess was timed. Each row
+     is also timed as a CUDA-graph replay of the same call (device-position mode,
+     `coldkv_graph_us`), which has no Python in it: the numbers reported against SDPA.
   3. copy bandwidth in the same run: torch d2d copy and a Numba copy kernel, 1 GiB.
 
 Napkin math (bytes per token per kv head, K + V, d=128): bf16 512; int8 2*(128+4) = 264;
@@ -242,14 +242,18 @@ class Case:
         del self.pools_t, self.args, self.ws
 
 
-def event_time(torch, fn, flush, repeats):
-    """Median microseconds of fn() between CUDA events, each after an L2 flush; + CPU enqueue us."""
+def event_time(torch, fn, flush, repeats, spin_cycles=4_000_000):
+    """Median microseconds of fn() between CUDA events, each after an L2 flush; + CPU enqueue us.
+    After the flush the GPU spins for spin_cycles (~2 ms at 1980 MHz, torch.cuda._sleep) so that
+    it is still busy when the host has enqueued fn: the flush alone lasts ~250 us, and a prefill
+    launch from Python takes up to ~650 us (H100 at 35b3f2e), whose excess was timed as kernel time."""
     fn()
     fn()
     torch.cuda.synchronize()
     times, cpu = [], []
     for _ in range(repeats):
         flush.zero_()
+        torch.cuda._sleep(spin_cycles)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
         c0 = time.perf_counter()
