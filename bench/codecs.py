@@ -257,6 +257,11 @@ def run_gpu(args, save):
         torch_gbs = results["copy"].get("torch_d2d", {}).get("GBps")
         if torch_gbs:
             r["ratio_to_torch_copy"] = r["GBps"] / torch_gbs
+        # timed()'s lead run hides the launch only while the launch is quicker than the kernel
+        r["launch_bound"] = not os.environ.get("NUMBA_ENABLE_CUDASIM") and r["enqueue_ms"] > 0.8 * r["ms"]
+        if r["launch_bound"]:
+            print(f"WARNING {r['op']} {r['fmt']}: the host's launch ({r['enqueue_ms']:.3f} ms) is near the kernel's "
+                  f"time ({r['ms']:.3f} ms), so the timing may include idle GPU time; use a larger --gib", flush=True)
         results["ops"].append(r)
 
     def validate(Q, f):
