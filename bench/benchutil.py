@@ -36,6 +36,35 @@ def versions() -> dict:
     return out
 
 
+def lead_timed(launch, repeats: int) -> tuple[float, list[float], float]:
+    """Median milliseconds of launch() between CUDA events over `repeats` runs (1 warm-up), the
+    runs, and the median host milliseconds to enqueue one (must stay well under the first).
+    Each timed run is enqueued behind an untimed one still running, so the start event fires when
+    the GPU reaches it, not when the host gets round to it. With the events around a lone launch,
+    the host's launch cost (Numba's argument handling, 0.06-0.13 ms) was timed as GPU time: one
+    H200 read bf16 requant at 0.490 ms timed that way and 0.342 ms timed this way
+    (docs/kernels_log.md "Session 25")."""
+    import time
+
+    import numpy as np
+    from numba import cuda
+
+    launch()
+    cuda.synchronize()
+    times, host = [], []
+    for _ in range(repeats):
+        start, end = cuda.event(timing=True), cuda.event(timing=True)
+        launch()  # the lead run: busy on the GPU while the host enqueues the timed one
+        t0 = time.perf_counter()
+        start.record()
+        launch()
+        end.record()
+        host.append((time.perf_counter() - t0) * 1e3)
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return float(np.median(times)), times, float(np.median(host))
+
+
 def prompt_ids(tok, n: int) -> list[int]:
     """n token ids: the examples' texts, tokenized and repeated to the length."""
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))

@@ -40,7 +40,7 @@ from numba import cuda
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import clocks_under_load, git_commit  # noqa: E402
+from benchutil import clocks_under_load, git_commit, lead_timed  # noqa: E402
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM"):  # --small smoke run: the simulator lacks warp shuffles
     sys.path.insert(0, str(ROOT / "tests"))
@@ -85,34 +85,19 @@ def nmse_table(tokens=4096, head_dim=128, seed=1):
 
 
 def timed(fn, repeats):
-    """Median milliseconds of fn() over `repeats` runs bracketed by CUDA events (1 warm-up), the
-    runs, and the median host milliseconds to enqueue one (must stay well under the first).
-    Each timed run is enqueued behind an untimed one still running, so the start event fires when
-    the GPU reaches it, not when the host gets round to it. With the events around a lone launch,
-    the host's launch cost (Numba's argument handling, 0.06-0.13 ms) was timed as GPU time: one
-    H200 read bf16 requant at 0.490 ms timed that way and 0.342 ms timed this way
-    (docs/kernels_log.md "Session 25")."""
-    fn()
-    cuda.synchronize()
-    times = []
-    if os.environ.get("NUMBA_ENABLE_CUDASIM"):  # the simulator has no timing events
+    """benchutil.lead_timed (median ms, the runs rounded, median host enqueue ms); under the
+    simulator, which has no timing events, wall-clock ms (all three from it)."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM"):
+        fn()
+        cuda.synchronize()
+        times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
         return float(np.median(times)), times, float(np.median(times))
-    host = []
-    for _ in range(repeats):
-        start, end = cuda.event(timing=True), cuda.event(timing=True)
-        fn()  # the lead run: busy on the GPU while the host enqueues the timed one
-        t0 = time.perf_counter()
-        start.record()
-        fn()
-        end.record()
-        host.append((time.perf_counter() - t0) * 1e3)
-        end.synchronize()
-        times.append(cuda.event_elapsed_time(start, end))
-    return float(np.median(times)), [round(t, 4) for t in times], float(np.median(host))
+    ms, times, host_ms = lead_timed(fn, repeats)
+    return ms, [round(t, 4) for t in times], host_ms
 
 
 @cuda.jit
@@ -162,12 +147,13 @@ def copy_launchers(n):
     }, (src, dst)
 
 
-def copy_baselines(launchers, repeats, clocks=lambda fn: None):
-    """GB/s of the copy kernels of copy_launchers(n) (bytes = read + written); ratios use the
-    fastest Numba one (`copy`), the goal's baseline, and torch's d2d copy (`torch_d2d`) when present."""
+def copy_baselines(variants, buffers, repeats, clocks=lambda fn: None):
+    """GB/s of the copy kernels of copy_launchers(n) (its launchers and (src, dst); bytes = read +
+    written); ratios use the fastest Numba one (`copy`), the goal's baseline, and torch's d2d copy
+    (`torch_d2d`) when present."""
     out = {}
     sims = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
-    variants, (src, dst) = launchers
+    src, dst = buffers
     n = src.size
     for name, fn in variants.items():
         dst[:] = np.float32(0)
@@ -311,7 +297,7 @@ def run_gpu(args, save):
             time.sleep(0.5)
     # --- baselines
     peers, peer_buffers = copy_launchers(ws // 4)
-    results["copy"] = copy_baselines((peers, peer_buffers), args.repeats, clocks)
+    results["copy"] = copy_baselines(peers, peer_buffers, args.repeats, clocks)
     print("copy GB/s: " + ", ".join(f"{k} {v['GBps']:.0f}" + (f" (SM {v['clocks']['sm_mhz_median']:.0f} MHz)"
                                                               if (v.get("clocks") or {}).get("sm_mhz_median") else "")
                                     for k, v in results["copy"].items() if k != "copy"),

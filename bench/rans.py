@@ -20,7 +20,7 @@ from numba import cuda, uint32
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchutil import git_commit  # noqa: E402
+from benchutil import git_commit, lead_timed  # noqa: E402
 from coldkv.codecs import decode_cold_page, encode_cold_page, quantize, rans_encode  # noqa: E402
 from coldkv.codecs.slots import pack_pool, slot_alloc_bytes  # noqa: E402
 from coldkv.numba_kernels import rans as K  # noqa: E402
@@ -159,20 +159,9 @@ def gpu_results(target_symbols: float, reps: int, distinct: int = 256, n_encode:
             status[p] = err + codes[w, 4095] * 0
 
     def timed(launch, n=reps):
-        """Median ms and the runs; each timed run is enqueued behind an untimed one still on the GPU,
-        so the host's launch cost is not timed (bench/codecs.py's timed() says why)."""
-        launch()
-        cuda.synchronize()
-        ts = []
-        for _ in range(n):
-            a, b = cuda.event(), cuda.event()
-            launch()
-            a.record()
-            launch()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        return float(np.median(ts)), [float(t) for t in ts]
+        """Median ms and the runs (benchutil.lead_timed: the host's launch cost is not timed)."""
+        ms, ts, _ = lead_timed(launch, n)
+        return ms, ts
 
     out = dict(head_dim=head_dim, tokens=TOKENS, symbols_per_page=sym_per_page, runs={})
     for kind in KINDS + ("mixed",):
