@@ -30,21 +30,22 @@ from attention_decode import _VK  # noqa: E402  (the benchmark's variants: one n
 
 # the tensor-core decode builds among them: "default" (`_MMA_TUNED`'s), or a variant's knobs
 BUILDS = ["default"] + [v for v, kw in _VK.items() if kw.get("kernel") == "mma" and "ws_splits" not in kw]
-_OP = re.compile(r"\b(LDG\.E\.128|LDG\.E|IMMA|HMMA)\b")
+_OP = re.compile(r"\b(LDG\.E\.128|LDG\.E|LDS\.128|LDS\.64|LDS|IMMA|HMMA)\b")
 
 
 def load_mma_runs(sass: str) -> str:
     """Runs of loads and MMAs from the first 128-bit load on: 'L8 I8 H8' (L counts LDG, with
     the 128-bit ones in brackets when some are narrower)."""
     ops = _OP.findall(sass)
-    ops = ops[ops.index("LDG.E.128"):] if "LDG.E.128" in ops else ops
+    first = "LDS.128" if "LDS.128" in ops else "LDG.E.128"  # (the bulk ring's builds read shared memory)
+    ops = ops[ops.index(first):] if first in ops else ops
     runs: list[list] = []
     for op in ops:
-        kind = "L" if op.startswith("LDG") else op[0]
+        kind = "L" if op.startswith("LD") else op[0]
         if not runs or runs[-1][0] != kind:
             runs.append([kind, 0, 0])
         runs[-1][1] += 1
-        runs[-1][2] += op == "LDG.E.128"
+        runs[-1][2] += op.endswith(".128")
     return " ".join(f"{k}{n}" + (f"({w})" if k == "L" and w != n else "") for k, n, w in runs)
 
 
@@ -68,7 +69,8 @@ def main() -> None:
             tiles, cap, pipe, qsmem = mma_decode_build(f, f, args.G, args.D, kw.get("mma_tiles", 0),
                                                        kw.get("max_registers"), kw.get("mma_pipe"), kw.get("mma_qsmem"))
             k8 = kw.get("mma_k8", True) and AM.supports_k8(f, args.G, args.D)
-            kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8, qsmem)
+            kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8, qsmem,
+                                 kw.get("mma_bulk", False))
             info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
                                   args.ptxas, maxrregcount=cap or 0)
             regs = re.search(r"Used (\d+) registers", " ".join(info))

@@ -109,7 +109,9 @@ def _kernel_kw(kernel):
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False},
             # q's fragments in shared memory at 96 registers (5 blocks an SM)
-            "mma_qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96}}.get(kernel, {"kernel": kernel})
+            "mma_qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96},
+            # pages read through a shared-memory ring filled by cp.async.bulk
+            "mma_bulk": {"kernel": "mma", "mma_bulk": True}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -287,6 +289,27 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
     plain one, skipping unallocated (-1) pages: bitwise equal outputs, holes and a part page included."""
     _decode_builds_equal(Q.NVFP4, Q.INT8, 150, 16, 3, [{"mma_pipe": False}, {"mma_pipe": True}],
                          holes=[(0, 2), (1, 5)])  # a K page and a V page missing
+
+
+@pytest.mark.parametrize("kname,vname", [("nvfp4", "int8"), ("int8", "iso3")])
+def test_bulk_ring_decode_equals_plain(kname, vname):
+    """mma_bulk reads each chunk from a shared-memory ring that cp.async.bulk fills (emulated here:
+    the copy lands at once, the mbarrier counts phases) instead of from global memory: the same
+    values in the same order, so bitwise the plain build, holes and a part last page included."""
+    _decode_builds_equal(FMTS[kname], FMTS[vname], 150, 16, 3, [{"mma_bulk": False}, {"mma_bulk": True}],
+                         holes=[(0, 2), (1, 5)])
+
+
+def test_bulk_ring_refuses_what_it_cannot_hold():
+    """Pages that are not whole chunks, and a ring over the 48 KB of static shared memory: clear errors."""
+    from coldkv.numba_kernels import attention_mma as AM
+
+    assert AM.supports_bulk(Q.INT8, Q.INT8, 4, 128, qsmem=True) and AM.supports_bulk(Q.NVFP4, Q.NVFP4, 4, 128)
+    assert not AM.supports_bulk(Q.BF16, Q.BF16, 4, 128)
+    with pytest.raises(ValueError, match="shared memory"):
+        AM.get_kernel(Q.BF16, Q.BF16, 4, 128, bulk=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        _decode_builds_equal(Q.NVFP4, Q.NVFP4, 40, 8, 3, [{"mma_bulk": True}])
 
 
 @SIM_SLOW  # ~10 s a case here; on the GPU, test_gpu_decode_int8_keys[mma_qs96-...] checks the build too
@@ -544,6 +567,20 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kname,vname,G,D", [("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128),
+                                             ("nvfp4", "iso3", 4, 128), ("int8", "nvfp4", 1, 64),
+                                             ("iso3", "int8", 8, 128)])
+def test_gpu_decode_bulk_ring(kname, vname, G, D):
+    """The bulk ring (cp.async.bulk into shared memory, mbarrier waits) on the device: against the
+    reference, and bitwise the plain build over a cache with holes and a part last page."""
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
+                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_bulk")
+    check(*res)
+    _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{"mma_bulk": False}, {"mma_bulk": True}],
+                         holes=[(0, 2), (1, 5), (0, 60)])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma", "mma_k8off", "mma_qs96"])
 @pytest.mark.parametrize("vname,G,D,P", [("int8", 4, 128, 64), ("nvfp4", 8, 64, 16), ("bf16", 6, 256, 32),
                                          ("iso3", 3, 128, 8)])
@@ -720,7 +757,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk"])
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)
@@ -740,7 +777,7 @@ def test_gpu_decode_vs_sdpa_long(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk"])
 def test_gpu_device_position_mode(kernel):
     ws = A.AttentionWorkspace(4096, 1, 32, 128)
     for dgot, igot, *refs in _devpos_cases(Q.NVFP4, Q.NVFP4, 4, 128, 30000, 8, 64,
@@ -750,7 +787,7 @@ def test_gpu_device_position_mode(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk"])
 def test_gpu_device_position_cuda_graph(kernel):
     """Captured once as a CUDA graph (arguments frozen), replayed at several positions."""
     from cuda.bindings import driver as cu

@@ -735,7 +735,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          gscale, table, ws: AttentionWorkspace, stream=0, check_cold=True, max_registers=None,
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
-                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None):
+                         mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -768,7 +768,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     integer per head in two int8 parts), else ignored. mma_qsmem: the decode kernel keeps q's MMA
     fragments in shared memory instead of registers (attention_mma._build's qsmem; with a lower
     max_registers, more blocks an SM). mma_tiles, max_registers, mma_pipe and mma_qsmem all unset:
-    `_MMA_TUNED`'s setting for the (K, V, G, D).
+    `_MMA_TUNED`'s setting for the (K, V, G, D). mma_bulk: the decode kernel reads its pages through a
+    shared-memory ring filled by Hopper bulk copies (attention_mma._build's bulk; pages of a multiple
+    of its chunk's rows).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -857,12 +859,15 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         mma_tiles, max_registers, mma_pipe, mma_qsmem = mma_decode_build(k_fmt, v_fmt, G, D, mma_tiles, max_registers,
                                                                          mma_pipe, mma_qsmem)
         k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
+        if mma_bulk and P % (8 * (mma_tiles or 2)):
+            raise ValueError(f"attention_cuda: mma_bulk needs pages of a multiple of {8 * (mma_tiles or 2)} tokens, "
+                             f"got {P}")
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
-                                        k8, mma_qsmem)
+                                        k8, mma_qsmem, bool(mma_bulk))
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              mma_pipe, k8, mma_qsmem)
+                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)

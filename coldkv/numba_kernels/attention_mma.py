@@ -46,8 +46,8 @@ from numba import types
 
 from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, dec_i8, e4m3x2, ex2, ldg2, ldg4, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16,
-    pack_f16, prmt)
+    SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e4m3x2, ex2, ldg2, ldg4, lds2, lds4, mbar_arrive_tx,
+    mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16, pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -108,13 +108,30 @@ def ref_q_int16(x: np.ndarray) -> np.ndarray:
     return (np.rint(x * p2).astype(np.float64) / p2).astype(np.float32)
 
 
+def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> int:
+    """Static shared memory of the `bulk` build: 2 stages of a chunk per warp (the block merge
+    reuses them), the mbarriers, q's fragments with qsmem."""
+    ch = 8 * (nt or 2)
+    sw = D // 64
+    row = D // _VPW[kf] + D // _VPW[vf] + (0 if kf == BF16 else (sw if kf in (NVFP4, ISO3) else 1)) + \
+        (0 if vf == BF16 else (sw if vf in (NVFP4, ISO3) else 1))
+    ring = max(NWARPS * 2 * ch * row, NWARPS * G * (D + 2))
+    qs = NWARPS * 32 * (D // 32 * 4 if kf == INT8 else 2 * D // 16) if qsmem else 0
+    return 4 * (ring + qs) + 8 * NWARPS * 2
+
+
+def supports_bulk(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> bool:
+    """The `bulk` ring fits the 48 KB of static shared memory (4-bit and int8 pages at d <= 128)."""
+    return supports(kf, vf, G, D) and bulk_smem_bytes(kf, vf, G, D, nt, qsmem) <= 48 * 1024
+
+
 def supports_k8(kf: int, G: int, D: int) -> bool:
     """The K product on 8-bit integer tensor cores (`k8`): int8 keys (G <= 8, as `supports`)."""
     return kf == INT8 and G <= 8 and D % 64 == 0 and D <= 256
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, k8: bool = False, qsmem: bool = False):
+           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -157,6 +174,24 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     read_pos = _pos_dev if devpos else _pos_int
     PIPE = bool(pipe)
     SMA, SMM = NWARPS * G * D, NWARPS * G * 2  # shared sizes of the block merge
+    # bulk: each warp's chunks come through a ring of STG stages in shared memory, filled by
+    # cp.async.bulk (one lane issues the chunk's 2-4 copies, an mbarrier per stage says they landed),
+    # the next chunk's copy in flight during this one's work. The loads then hold no registers and
+    # cost no issue slots (the plain kernel waits on its loads: kernels.md "Where each kernel
+    # stands"). Needs pages of a multiple of CH rows (whole chunks; scale copies rounded up to 16 B).
+    BULK = bool(bulk)
+    if BULK and pipe:
+        raise ValueError("attention_mma: bulk is its own pipeline (no pipe)")
+    STG = 2
+    KSR = SW if K4 else 1  # scale words per row (int8: one float32)
+    VSR = SW if V4 else 1
+    SKW, SVW = CH * RWK, CH * RWV  # code words of a chunk: [K codes | V codes | K scales | V scales]
+    SKS = CH * KSR if kf != BF16 else 0
+    SVS = CH * VSR if vf != BF16 else 0
+    STW = SKW + SVW + SKS + SVS  # words of a stage (a multiple of 16: 64-byte aligned stages)
+    RING = max(NWARPS * STG * STW, SMA + SMM) if BULK else 1  # the block merge reuses it
+    SMA_, SMM_, NBAR = (1, 1, NWARPS * STG) if BULK else (SMA, SMM, 1)  # the merge's own arrays; the mbarriers
+    LD2, LD4 = (lds2, lds4) if BULK else (ldg2, ldg4)
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
     IX = np.uint64 if u64 else np.int64
@@ -174,72 +209,79 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return _e2m1_bits(x, a) if vf == NVFP4 else _iso3_bits(x, a)
 
     @cuda.jit(device=True, inline=True)
-    def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid):
+    def rd_f32(arr, i):
+        """A float32 scale: from the bulk ring's uint32 words (its bits), else from the float32 pool."""
+        return bits_f32(arr[i]) if BULK else f32(arr[i])
+
+    @cuda.jit(device=True, inline=True)
+    def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid, ko, so):
         """K of the chunk: lane holds (its part of) the row of token gid of each tile (clamped to
-        the page's last valid row; row r of the page at kb + r)."""
+        the page's last valid row; row r of the page at kb + r; codes from word ko, scales from so
+        on: the bulk ring's stage, else 0)."""
         for u in range(NT):
             row = kb + min(c0 + 8 * u + gid, last)
             if K4:
                 if WPL % 4 == 0:
                     for m in range(WPL // 4):
-                        a, b, c, d = ldg4(k_words, row * RWK + tig * WPL + 4 * m)
+                        a, b, c, d = LD4(k_words, ko + row * RWK + tig * WPL + 4 * m)
                         kreg[u, 4 * m] = a
                         kreg[u, 4 * m + 1] = b
                         kreg[u, 4 * m + 2] = c
                         kreg[u, 4 * m + 3] = d
                 else:
                     for m in range(WPL // 2):
-                        a, b = ldg2(k_words, row * RWK + tig * WPL + 2 * m)
+                        a, b = LD2(k_words, ko + row * RWK + tig * WPL + 2 * m)
                         kreg[u, 2 * m] = a
                         kreg[u, 2 * m + 1] = b
                 w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
-                ksc[u, 0] = k_scales[IX(row * SW + w0)]
-                ksc[u, 1] = k_scales[IX(row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
+                ksc[u, 0] = k_scales[IX(so + row * SW + w0)]
+                ksc[u, 1] = k_scales[IX(so + row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
             elif kf == BF16:
                 for s in range(NS):
-                    a, b = ldg2(k_words, row * RWK + 8 * s + 2 * tig)
+                    a, b = LD2(k_words, ko + row * RWK + 8 * s + 2 * tig)
                     kreg[u, 2 * s] = a
                     kreg[u, 2 * s + 1] = b
             else:
                 fl = u32(0) if I8 else u32(0x80808080)  # the fp16 decode's offset; s8 MMAs take the codes
                 for m in range(NS // 4):
-                    a, b, c, d = ldg4(k_words, row * RWK + tig * NS + 4 * m)
+                    a, b, c, d = LD4(k_words, ko + row * RWK + tig * NS + 4 * m)
                     kreg[u, 4 * m] = a ^ fl
                     kreg[u, 4 * m + 1] = b ^ fl
                     kreg[u, 4 * m + 2] = c ^ fl
                     kreg[u, 4 * m + 3] = d ^ fl
                 for i in range(2):  # row scales of the tokens of this lane's columns
-                    krs[u, i] = k_scales[IX(kb + min(c0 + 8 * u + 2 * tig + i, last))]
+                    krs[u, i] = rd_f32(k_scales, IX(so + kb + min(c0 + 8 * u + 2 * tig + i, last)))
 
     @cuda.jit(device=True, inline=True)
-    def load_v(v_words, v_scales, vreg, vsc, vrs, vb, c0, last, tig, gid):
+    def load_v(v_words, v_scales, vreg, vsc, vrs, vb, c0, last, tig, gid, vo, so):
         """V code words (and scales) of the chunk: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each
-        16-token step (clamped to the page's last valid row), the words of this lane's dims."""
+        16-token step (clamped to the page's last valid row), the words of this lane's dims (codes
+        from word vo, scales from so on, as load_k)."""
         for v in range(NT2):
             for i in range(4):
                 row = vb + min(c0 + 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
                 if vf == INT8 and VW % 4 == 0:
                     for m in range(VW // 4):
-                        a, b, c, d = ldg4(v_words, row * RWV + gid * VW + 4 * m)
+                        a, b, c, d = LD4(v_words, vo + row * RWV + gid * VW + 4 * m)
                         vreg[v, i, 4 * m] = a ^ u32(0x80808080)
                         vreg[v, i, 4 * m + 1] = b ^ u32(0x80808080)
                         vreg[v, i, 4 * m + 2] = c ^ u32(0x80808080)
                         vreg[v, i, 4 * m + 3] = d ^ u32(0x80808080)
                 elif vf == INT8:
                     for m in range(VW // 2):
-                        a, b = ldg2(v_words, row * RWV + gid * VW + 2 * m)
+                        a, b = LD2(v_words, vo + row * RWV + gid * VW + 2 * m)
                         vreg[v, i, 2 * m] = a ^ u32(0x80808080)
                         vreg[v, i, 2 * m + 1] = b ^ u32(0x80808080)
                 for j in range(VW):
                     if V4:
-                        vreg[v, i, j] = v_words[IX(row * RWV + gid + 8 * j)]
+                        vreg[v, i, j] = v_words[IX(vo + row * RWV + gid + 8 * j)]
                     elif vf == BF16:
-                        vreg[v, i, j] = v_words[IX(row * RWV + 8 * j + gid)]
+                        vreg[v, i, j] = v_words[IX(vo + row * RWV + 8 * j + gid)]
                 if V4:
                     for w in range(SW):
-                        vsc[v, i, w] = v_scales[IX(row * SW + w)]
+                        vsc[v, i, w] = v_scales[IX(so + row * SW + w)]
                 elif vf == INT8:
-                    vrs[v, i] = v_scales[IX(row)]
+                    vrs[v, i] = rd_f32(v_scales, IX(so + row))
 
     @cuda.jit(device=True, inline=True)
     def scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql):
@@ -372,6 +414,38 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             p += 1
         return p
 
+    @cuda.jit(device=True, inline=True)
+    def issue(ring, bars, bi, sb, k_words, k_scales, v_words, v_scales, pk, pv, P, c0, nval):
+        """(bulk, one lane) The copies of a chunk, rows c0 .. of K page pk and V page pv (whole
+        rows up to the page's last valid one; scales rounded up to 16 bytes, still inside the page),
+        into the stage at word sb; they land on mbarrier bi."""
+        n = min(CH, nval - c0)
+        kr = pk * P + c0
+        vr = pv * P + c0
+        nk = u32(n * (RWK * 4))
+        nv = u32(n * (RWV * 4))
+        nks = u32((n * (KSR * 4) + 15) & ~15) if SKS else u32(0)
+        nvs = u32((n * (VSR * 4) + 15) & ~15) if SVS else u32(0)
+        mbar_arrive_tx(bars, bi, nk + nv + nks + nvs)
+        bulk_g2s(ring, sb, k_words, kr * RWK, nk, bars, bi)
+        bulk_g2s(ring, sb + SKW, v_words, vr * RWV, nv, bars, bi)
+        if SKS:
+            bulk_g2s(ring, sb + SKW + SVW, k_scales, kr * KSR, nks, bars, bi)
+        if SVS:
+            bulk_g2s(ring, sb + SKW + SVW + SKS, v_scales, vr * VSR, nvs, bars, bi)
+
+    @cuda.jit(device=True, inline=True)
+    def m_st(ring, arr, off, i, x):
+        """The block merge's float32 arr[i] = x, or with bulk its bits at the ring's word off + i (reused)."""
+        if BULK:
+            ring[off + i] = u32(f32_bits(x))
+        else:
+            arr[i] = x
+
+    @cuda.jit(device=True, inline=True)
+    def m_ld(ring, arr, off, i):
+        return bits_f32(ring[off + i]) if BULK else arr[i]
+
     jit = cuda_kernel(max_registers=max_registers)
 
     @jit
@@ -470,8 +544,60 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         vreg = cuda.local.array((NT2, 4, VW), np.uint32)
         vsc = cuda.local.array((NT2, 4, SW), np.uint32)
         vrs = cuda.local.array((NT2, 4), np.float32)
+        if SIMULATED:  # (the simulator refuses an alignment)
+            ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; then the merge's
+        else:
+            ring = cuda.shared.array(RING, np.uint32, alignment=16)
+        bars = cuda.shared.array(NBAR, np.uint64)  # (bulk) [warp, stage]
 
-        if PIPE:
+        if BULK:
+            wb = warp * STG  # this warp's stages and their mbarriers
+            if lane == 0:
+                for st in range(STG):
+                    mbar_init(bars, wb + st, 1)
+                mbar_fence_init()
+            cuda.syncwarp()
+            p = next_page(table, h, p_begin, p_end)
+            pk = i64(0)
+            pv = i64(0)
+            nval = 0
+            if p < p_end:
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                nval = min(P, L - p * P)
+                if lane == 0:
+                    issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
+            c0 = 0
+            it = 0
+            while p < p_end:  # (p, c0) the chunk of stage it & 1, (p1, c1) the next one
+                p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
+                if c1 >= nval:
+                    c1 = 0
+                    p1 = next_page(table, h, p + 1, p_end)
+                    if p1 < p_end:
+                        pk1 = i64(table[0, h, IX(p1)])
+                        pv1 = i64(table[1, h, IX(p1)])
+                        nval1 = min(P, L - p1 * P)
+                if p1 < p_end:
+                    cuda.syncwarp()  # every lane is done with the stage the next chunk overwrites
+                    if lane == 0:
+                        b1 = wb + ((it + 1) & 1)
+                        issue(ring, bars, b1, b1 * STW, k_words, k_scales, v_words, v_scales, pk1, pv1, P, c1,
+                              nval1)
+                b0 = wb + (it & 1)
+                sb = b0 * STW
+                mbar_wait(bars, b0, (it >> 1) & 1)
+                load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW)
+                if I8:
+                    scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
+                else:
+                    scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
+                load_v(ring, ring, vreg, vsc, vrs, -c0, c0, nval - 1, tig, gid, sb + SKW, sb + SKW + SVW + SKS)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
+                it += 1
+            cuda.syncthreads()  # every warp is done with its ring: the merge below reuses it
+        elif PIPE:
             # Software-pipelined: a chunk's K words are loaded while the previous chunk's softmax and
             # V product run, its V words while its own K product runs (each into registers the
             # previous use just freed), so a warp's own work covers its load latency.
@@ -483,8 +609,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 pk = i64(table[0, h, IX(p)])
                 pv = i64(table[1, h, IX(p)])
                 nval = min(P, L - p * P)
-                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid)
-                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid)
+                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid, 0, 0)
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
                 if I8:
@@ -500,10 +626,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                         pv1 = i64(table[1, h, IX(p1)])
                         nval1 = min(P, L - p1 * P)
                 if p1 < p_end:
-                    load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid)
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid, 0, 0)
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
                 if p1 < p_end:
-                    load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid, 0, 0)
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
         else:
             for p in range(p_begin, p_end):
@@ -513,18 +639,18 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
                 nval = min(P, L - p * P)
                 for c0 in range(0, nval, CH):
-                    load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid)
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid, 0, 0)
                     if I8:
                         scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
                     else:
                         scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
-                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid, 0, 0)
                     m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
 
         # ---------------- the block's partial: the NWARPS warps' (m, l, acc) merged in shared
         # memory, so the workspace holds one split per block (4x fewer for the reduce kernel)
-        sm_acc = cuda.shared.array(SMA, np.float32)  # [warp, g, d]
-        sm_ml = cuda.shared.array(SMM, np.float32)  # [warp, g, (m, l)]
+        sm_acc = cuda.shared.array(SMA_, np.float32)  # [warp, g, d]
+        sm_ml = cuda.shared.array(SMM_, np.float32)  # [warp, g, (m, l)]
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
@@ -543,26 +669,26 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             for i in range(2):
                 g = 2 * tig + i
                 if g < G:
-                    sm_acc[(warp * G + g) * D + dr] = acc[j, i] * vc
-                    sm_acc[(warp * G + g) * D + dr8] = acc[j, 2 + i] * vc
+                    m_st(ring, sm_acc, 0, (warp * G + g) * D + dr, acc[j, i] * vc)
+                    m_st(ring, sm_acc, 0, (warp * G + g) * D + dr8, acc[j, 2 + i] * vc)
         if tig == 0 and gid < G:
-            sm_ml[2 * (warp * G + gid)] = m_run
-            sm_ml[2 * (warp * G + gid) + 1] = l_run
+            m_st(ring, sm_ml, SMA, 2 * (warp * G + gid), m_run)
+            m_st(ring, sm_ml, SMA, 2 * (warp * G + gid) + 1, l_run)
         cuda.syncthreads()
         for e in range(tid, G * D, THREADS):
             g = e // D
             d = e - g * D
             M = _NEG_INF
             for w in range(NWARPS):
-                M = max(M, sm_ml[2 * (w * G + g)])
+                M = max(M, m_ld(ring, sm_ml, SMA, 2 * (w * G + g)))
             num = f32(0.0)
             den = f32(0.0)
             for w in range(NWARPS):
-                mw = sm_ml[2 * (w * G + g)]
+                mw = m_ld(ring, sm_ml, SMA, 2 * (w * G + g))
                 if mw > _NEG_INF:  # -inf: a warp without pages (its l and acc are 0)
                     f = math.exp2(mw - M)
-                    num += f * sm_acc[(w * G + g) * D + d]
-                    den += f * sm_ml[2 * (w * G + g) + 1]
+                    num += f * m_ld(ring, sm_acc, 0, (w * G + g) * D + d)
+                    den += f * m_ld(ring, sm_ml, SMA, 2 * (w * G + g) + 1)
             ws_acc[blk, t, hq0 + g, d] = num
             if d == 0:
                 ws_ml[blk, t, hq0 + g, 0] = M
@@ -575,12 +701,14 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False):
+               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem))
+           bool(qsmem), bool(bulk))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
+        if bulk and not supports_bulk(kf, vf, G, D, nt, qsmem):
+            raise ValueError(f"attention_mma: no bulk ring for K={kf} V={vf} G={G} D={D} (shared memory)")
         _KERNELS[key] = _build(*key)
     return _KERNELS[key]
 

@@ -259,6 +259,83 @@ cp_async_commit = _asm_void("cp.async.commit_group;")
 cp_async_wait = {n: _asm_void(f"cp.async.wait_group {n};") for n in range(8)}
 
 
+# ---- Hopper bulk copies: `cp.async.bulk` (the TMA engine's 1-D form) moves a contiguous run of
+# bytes global -> shared without registers or per-lane instructions and signals an mbarrier when the
+# bytes have landed (the decode kernel's `bulk` ring). One lane issues; every lane waits.
+def _bar_asm(ptx):
+    """An intrinsic f(arr, idx, x) emitting `ptx` with $0 the shared address of arr[idx] and $1 the
+    uint32 x (volatile, memory clobber: LLVM keeps shared accesses on their side of it)."""
+    @intrinsic
+    def f(typingctx, arr, idx, x):
+        def codegen(context, builder, sig, args):
+            u32 = types.uint32
+            addr = _smem_ptr(context, builder, sig.args[0], args[0], context.cast(builder, args[1], sig.args[1], u32))
+            val = context.cast(builder, args[2], sig.args[2], u32)
+            fn = ir.FunctionType(ir.VoidType(), [ir.IntType(32)] * 2)
+            builder.call(ir.InlineAsm(fn, ptx, "r,r,~{memory}", side_effect=True), [addr, val])
+            return context.get_dummy_value()
+
+        return types.none(arr, idx, x), codegen
+
+    return f
+
+
+mbar_init = _bar_asm("mbarrier.init.shared::cta.b64 [$0], $1;")  # (bars, i, arrivals)
+mbar_arrive_tx = _bar_asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;")  # (bars, i, bytes)
+# (bars, i, parity): spin until the phase of that parity has completed (labels are local to { })
+mbar_wait = _bar_asm("{ .reg .pred p;\nLAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n"
+                      " @!p bra LAB_WAIT;\n}")
+mbar_fence_init = _asm_void("fence.mbarrier_init.release.cluster;")  # inits visible to the copy engine
+
+
+@intrinsic
+def bulk_g2s(typingctx, sarr, sidx, garr, gidx, nbytes, bars, bidx):
+    """cp.async.bulk of nbytes (a multiple of 16; both addresses 16-byte aligned) from garr[gidx..]
+    to sarr[sidx..] (element indices), completing as tx bytes on the mbarrier bars[bidx]."""
+    def codegen(context, builder, sig, args):
+        u32 = types.uint32
+        dst = _smem_ptr(context, builder, sig.args[0], args[0], context.cast(builder, args[1], sig.args[1], u32))
+        g = context.make_array(sig.args[2])(context, builder, args[2])
+        i64 = ir.IntType(64)
+        src = builder.ptrtoint(builder.gep(g.data, [context.cast(builder, args[3], sig.args[3], types.int64)]), i64)
+        n = context.cast(builder, args[4], sig.args[4], u32)
+        bar = _smem_ptr(context, builder, sig.args[5], args[5], context.cast(builder, args[6], sig.args[6], u32))
+        i32 = ir.IntType(32)
+        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32, i64, i32, i32]),
+                                  "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+                                  "r,l,r,r,~{memory}", side_effect=True), [dst, src, n, bar])
+        return context.get_dummy_value()
+
+    return types.none(sarr, sidx, garr, gidx, nbytes, bars, bidx), codegen
+
+
+def _lds(n):
+    """ld.shared.v{n}.u32 of arr[idx .. idx + n) (idx a multiple of n); volatile, so LLVM keeps it
+    after the barrier wait that guards the bytes."""
+    outs = ", ".join("$%d" % i for i in range(n))
+    ptx = f"ld.shared.v{n}.u32 {{{outs}}}, [${n}];"
+
+    @intrinsic
+    def lds(typingctx, arr, idx):
+        ret = types.UniTuple(_u32, n)
+
+        def codegen(context, builder, sig, args):
+            addr = _smem_ptr(context, builder, sig.args[0], args[0],
+                             context.cast(builder, args[1], sig.args[1], types.uint32))
+            rt = ir.LiteralStructType([ir.IntType(32)] * n)
+            r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [ir.IntType(32)]), ptx,
+                                          ",".join(["=r"] * n) + ",r,~{memory}", side_effect=True), [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(r, k) for k in range(n)])
+
+        return ret(arr, idx), codegen
+
+    return lds
+
+
+lds2 = _lds(2)
+lds4 = _lds(4)
+
+
 # ------------------------------------------------------------------------------ simulator
 # The CUDA simulator cannot run inline PTX. Under it the primitives above are replaced by Python
 # emulations written from the PTX ISA's definitions (mma.m16n8k16 fragment layouts, prmt byte
@@ -469,6 +546,36 @@ def _sim_cp_async16_zfill(sarr, sidx, garr, gidx, nbytes):
         sarr[i + k] = np.uint32(garr[g + k]) if int(nbytes) == 16 else np.uint32(0)
 
 
+def _sim_word(v):
+    """The 32-bit pattern of a 4-byte scalar (a bulk copy moves bytes, not values)."""
+    return np.asarray(v).reshape(1).view(np.uint32)[0] if np.asarray(v).dtype.itemsize == 4 else np.uint32(v)
+
+
+# mbarrier under the simulator: bars[i] = completed phases + (pending tx bytes << 32); a bulk copy
+# lands at once, and the phase completes when the expected bytes have all landed
+def _sim_mbar_init(bars, i, count):
+    bars[int(i)] = 0
+
+
+def _sim_mbar_arrive_tx(bars, i, nbytes):
+    bars[int(i)] = int(bars[int(i)]) + (int(nbytes) << 32)
+
+
+def _sim_mbar_wait(bars, i, parity):
+    import time
+
+    while int(bars[int(i)]) & 1 == int(parity):
+        time.sleep(0)
+
+
+def _sim_bulk_g2s(sarr, sidx, garr, gidx, nbytes, bars, bidx):
+    s, g = int(sidx), int(gidx)
+    for k in range(int(nbytes) // 4):
+        sarr[s + k] = _sim_word(garr[g + k]) if sarr.dtype == np.uint32 else garr[g + k]
+    left = int(bars[int(bidx)]) - (int(nbytes) << 32)
+    bars[int(bidx)] = left + 1 if left >> 32 == 0 else left
+
+
 def _sim_install():
     from numba.cuda.simulator.kernelapi import FakeCUDAModule
 
@@ -492,3 +599,5 @@ if SIMULATED:
     cp_async4, cp_async16 = _sim_cp_async(1), _sim_cp_async(4)
     cp_async_commit = _sim_nop
     cp_async_wait = {n: _sim_nop for n in range(8)}
+    mbar_init, mbar_arrive_tx, mbar_wait, bulk_g2s = _sim_mbar_init, _sim_mbar_arrive_tx, _sim_mbar_wait, _sim_bulk_g2s
+    mbar_fence_init, lds2, lds4 = _sim_nop, _sim_ldg(2), _sim_ldg(4)
