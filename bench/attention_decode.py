@@ -69,8 +69,7 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # so 4 blocks an SM with the next chunk's loads in flight; int8@p was 238 against 98 us at 6d7ef6e,
 # not understood). "bulk" the build of the default's knobs reading its pages through a ring of two
 # chunks a warp in shared memory, filled by cp.async.bulk (attention_mma bulk: the next chunk's bytes
-# in flight without registers or issue slots), "bulk96" the same at 96 registers, "bulkr0" uncapped,
-# "bulk3" / "bulk3r0" three stages a warp (two chunks in flight).
+# in flight without registers or issue slots), "bulk96" the same at 96 registers, "bulkr0" uncapped.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -84,8 +83,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "qst4": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 0},
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128},
        "bulk": {"kernel": "mma", "mma_bulk": True}, "bulk96": {"kernel": "mma", "mma_bulk": True, "max_registers": 96},
-       "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
-       "bulk3": {"kernel": "mma", "mma_bulk": 3}, "bulk3r0": {"kernel": "mma", "mma_bulk": 3, "max_registers": 0}}
+       "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 DEFAULT_VARIANTS = ["int8@r128", "int8@qs96"]  # what a run adds at --variant-contexts; int8@r128 is int8 before 693f8b1's qs128 default (@k8off, @ws128: slower)
 SHAPES = [(32, 8, 128), (24, 4, 256)]

@@ -769,8 +769,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     fragments in shared memory instead of registers (attention_mma._build's qsmem; with a lower
     max_registers, more blocks an SM). mma_tiles, max_registers, mma_pipe and mma_qsmem all unset:
     `_MMA_TUNED`'s setting for the (K, V, G, D). mma_bulk: the decode kernel reads its pages through a
-    shared-memory ring filled by Hopper bulk copies (attention_mma._build's bulk: True or the stages a
-    warp; pages of a multiple of its chunk's rows).
+    shared-memory ring filled by Hopper bulk copies (attention_mma._build's bulk; pages of a multiple
+    of its chunk's rows).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -863,11 +863,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             raise ValueError(f"attention_cuda: mma_bulk needs pages of a multiple of {8 * (mma_tiles or 2)} tokens, "
                              f"got {P}")
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
-                                        k8, mma_qsmem, int(mma_bulk))
+                                        k8, mma_qsmem, bool(mma_bulk))
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              mma_pipe, k8, mma_qsmem, int(mma_bulk))
+                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)

@@ -108,21 +108,21 @@ def ref_q_int16(x: np.ndarray) -> np.ndarray:
     return (np.rint(x * p2).astype(np.float64) / p2).astype(np.float32)
 
 
-def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False, stages: int = 2) -> int:
-    """Static shared memory of the `bulk` build: `stages` chunks per warp (the block merge reuses
-    them), the mbarriers, q's fragments with qsmem."""
+def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> int:
+    """Static shared memory of the `bulk` build: 2 chunks per warp (the block merge reuses them),
+    the mbarriers, q's fragments with qsmem."""
     ch = 8 * (nt or 2)
     sw = D // 64
     row = D // _VPW[kf] + D // _VPW[vf] + (0 if kf == BF16 else (sw if kf in (NVFP4, ISO3) else 1)) + \
         (0 if vf == BF16 else (sw if vf in (NVFP4, ISO3) else 1))
-    ring = max(NWARPS * stages * ch * row, NWARPS * G * (D + 2))
+    ring = max(NWARPS * 2 * ch * row, NWARPS * G * (D + 2))
     qs = NWARPS * 32 * (D // 32 * 4 if kf == INT8 else 2 * D // 16) if qsmem else 0
-    return 4 * (ring + qs) + 8 * NWARPS * stages
+    return 4 * (ring + qs) + 8 * NWARPS * 2
 
 
-def supports_bulk(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False, stages: int = 2) -> bool:
-    """The `bulk` ring fits the 48 KB of static shared memory (two stages: 4-bit and int8 pages at d <= 128)."""
-    return supports(kf, vf, G, D) and bulk_smem_bytes(kf, vf, G, D, nt, qsmem, stages) <= 48 * 1024
+def supports_bulk(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> bool:
+    """The `bulk` ring fits the 48 KB of static shared memory (4-bit and int8 pages at d <= 128)."""
+    return supports(kf, vf, G, D) and bulk_smem_bytes(kf, vf, G, D, nt, qsmem) <= 48 * 1024
 
 
 def supports_k8(kf: int, G: int, D: int) -> bool:
@@ -131,7 +131,7 @@ def supports_k8(kf: int, G: int, D: int) -> bool:
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: int = 0):
+           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -182,7 +182,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     BULK = bool(bulk)
     if BULK and pipe:
         raise ValueError("attention_mma: bulk is its own pipeline (no pipe)")
-    STG = max(2, int(bulk))  # stages a warp (bulk=True: 2)
+    STG = 2  # (3 stages: no faster, H100 at 774749f)
     KSR = SW if K4 else 1  # scale words per row (int8: one float32)
     VSR = SW if V4 else 1
     SKW, SVW = CH * RWK, CH * RWV  # code words of a chunk: [K codes | V codes | K scales | V scales]
@@ -415,23 +415,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return p
 
     @cuda.jit(device=True, inline=True)
-    def page_of(table, h, p, p_end, L, P):
-        """(K page, V page, valid rows) of logical page p (zeros when p >= p_end)."""
-        if p < p_end:
-            return i64(table[0, h, IX(p)]), i64(table[1, h, IX(p)]), min(P, L - p * P)
-        return i64(0), i64(0), L - L
-
-    @cuda.jit(device=True, inline=True)
-    def advance(table, h, p, c0, pk, pv, nval, p_end, L, P):
-        """The chunk after (p, c0): the next CH rows of the page, else the next allocated page's first."""
-        c0 += CH
-        if c0 >= nval:
-            c0 = 0
-            p = next_page(table, h, p + 1, p_end)
-            pk, pv, nval = page_of(table, h, p, p_end, L, P)
-        return p, c0, pk, pv, nval
-
-    @cuda.jit(device=True, inline=True)
     def issue(ring, bars, bi, sb, k_words, k_scales, v_words, v_scales, pk, pv, P, c0, nval):
         """(bulk, one lane) The copies of a chunk, rows c0 .. of K page pk and V page pv (whole
         rows up to the page's last valid one; scales rounded up to 16 bytes, still inside the page),
@@ -574,32 +557,36 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     mbar_init(bars, wb + st, 1)
                 mbar_fence_init()
             cuda.syncwarp()
-            # two cursors over the warp's chunks: (qp, qc, ...) the next to copy, STG - 1 ahead of
-            # (p, c0, ...), the one computed; chunk i lives in stage i % STG
             p = next_page(table, h, p_begin, p_end)
-            qk, qv, nval = page_of(table, h, p, p_end, L, P)
+            pk = i64(0)
+            pv = i64(0)
+            nval = 0
+            if p < p_end:
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                nval = min(P, L - p * P)
+                if lane == 0:
+                    issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
             c0 = 0
-            qp, qc, qn = p, 0, nval
-            pst = 0
-            for _ in range(STG - 1):
-                if qp < p_end:
+            it = 0
+            while p < p_end:  # (p, c0) the chunk of stage it & 1, (p1, c1) the next one
+                p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
+                if c1 >= nval:
+                    c1 = 0
+                    p1 = next_page(table, h, p + 1, p_end)
+                    if p1 < p_end:
+                        pk1 = i64(table[0, h, IX(p1)])
+                        pv1 = i64(table[1, h, IX(p1)])
+                        nval1 = min(P, L - p1 * P)
+                if p1 < p_end:
+                    cuda.syncwarp()  # every lane is done with the stage the next chunk overwrites
                     if lane == 0:
-                        issue(ring, bars, wb + pst, (wb + pst) * STW, k_words, k_scales, v_words, v_scales, qk, qv,
-                              P, qc, qn)
-                    pst += 1
-                    qp, qc, qk, qv, qn = advance(table, h, qp, qc, qk, qv, qn, p_end, L, P)
-            st = 0
-            ph = 0
-            while p < p_end:
-                if qp < p_end:
-                    cuda.syncwarp()  # every lane is done with the stage this copy overwrites
-                    if lane == 0:
-                        issue(ring, bars, wb + pst, (wb + pst) * STW, k_words, k_scales, v_words, v_scales, qk, qv,
-                              P, qc, qn)
-                    pst = 0 if pst == STG - 1 else pst + 1
-                    qp, qc, qk, qv, qn = advance(table, h, qp, qc, qk, qv, qn, p_end, L, P)
-                sb = (wb + st) * STW
-                mbar_wait(bars, wb + st, ph)
+                        b1 = wb + ((it + 1) & 1)
+                        issue(ring, bars, b1, b1 * STW, k_words, k_scales, v_words, v_scales, pk1, pv1, P, c1,
+                              nval1)
+                b0 = wb + (it & 1)
+                sb = b0 * STW
+                mbar_wait(bars, b0, (it >> 1) & 1)
                 load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW)
                 if I8:
                     scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
@@ -607,12 +594,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
                 load_v(ring, ring, vreg, vsc, vrs, -c0, c0, nval - 1, tig, gid, sb + SKW, sb + SKW + SVW + SKS)
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
-                if st == STG - 1:
-                    st = 0
-                    ph ^= 1
-                else:
-                    st += 1
-                p, c0, _, _, nval = advance(table, h, p, c0, qk, qv, nval, p_end, L, P)  # (its pages unused)
+                p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
+                it += 1
             cuda.syncthreads()  # every warp is done with its ring: the merge below reuses it
         elif PIPE:
             # Software-pipelined: a chunk's K words are loaded while the previous chunk's softmax and
@@ -718,16 +701,13 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: int = 0):
-    """The decode kernel of these knobs (attention_cuda.paged_attention_cuda's mma_*); bulk: 0 off, else
-    the ring's stages a warp (True: 2)."""
-    bulk = max(2, int(bulk)) if bulk else 0
+               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem), bulk)
+           bool(qsmem), bool(bulk))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
-        if bulk and not supports_bulk(kf, vf, G, D, nt, qsmem, bulk):
+        if bulk and not supports_bulk(kf, vf, G, D, nt, qsmem):
             raise ValueError(f"attention_mma: no bulk ring for K={kf} V={vf} G={G} D={D} (shared memory)")
         _KERNELS[key] = _build(*key)
     return _KERNELS[key]
