@@ -69,7 +69,8 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # so 4 blocks an SM with the next chunk's loads in flight; int8@p was 238 against 98 us at 6d7ef6e,
 # not understood). "bulk" the build of the default's knobs reading its pages through a ring of two
 # chunks a warp in shared memory, filled by cp.async.bulk (attention_mma bulk: the next chunk's bytes
-# in flight without registers or issue slots), "bulk96" the same at 96 registers, "bulkr0" uncapped.
+# in flight without registers or issue slots; the 4-bit formats' default since session 26), "bulk96"
+# the same at 96 registers, "bulkr0" uncapped, "nobulk" the default's knobs without the ring.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -83,9 +84,12 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "qst4": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 0},
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128},
        "bulk": {"kernel": "mma", "mma_bulk": True}, "bulk96": {"kernel": "mma", "mma_bulk": True, "max_registers": 96},
-       "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0}}
+       "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
+       "nobulk": {"kernel": "mma", "mma_bulk": False}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
-DEFAULT_VARIANTS = ["int8@r128", "int8@qs96"]  # what a run adds at --variant-contexts; int8@r128 is int8 before 693f8b1's qs128 default (@k8off, @ws128: slower)
+# what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
+# @qs96: int8 before 693f8b1's qs128 default and the 5-block candidate; @k8off, @ws128: slower)
+DEFAULT_VARIANTS = ["nvfp4@nobulk", "iso3@nobulk", "nvfp4/iso3@nobulk", "int8@bulk"]
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

@@ -733,7 +733,9 @@ def _ptx_signatures():
             (get_kernel(BF16, ISO3, 6, 256), kernel_sig(BF16, ISO3)),
             (get_kernel(INT8, INT8, 4, 128, True, k8=True), kernel_sig(INT8, INT8, True)),
             (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4)),
-            (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True))]
+            (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True), kernel_sig(NVFP4, NVFP4, True)),
+            (get_kernel(INT8, ISO3, 2, 64, bulk=True, k8=True), kernel_sig(INT8, ISO3))]
     return out
 
 
