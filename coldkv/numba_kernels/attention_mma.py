@@ -415,6 +415,32 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return p
 
     @cuda.jit(device=True, inline=True)
+    def first_chunk(table, h, p_begin, p_end, L, P):
+        """(page, K page, V page, valid rows) of the warp's first chunk (page p_end: none)."""
+        p = next_page(table, h, p_begin, p_end)
+        pk = i64(0)
+        pv = i64(0)
+        nval = 0
+        if p < p_end:
+            pk = i64(table[0, h, IX(p)])
+            pv = i64(table[1, h, IX(p)])
+            nval = min(P, L - p * P)
+        return p, pk, pv, nval
+
+    @cuda.jit(device=True, inline=True)
+    def next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P):
+        """The chunk after (p, c0): the page's next CH rows, else the next allocated page's first."""
+        c1 = c0 + CH
+        if c1 >= nval:
+            c1 = 0
+            p = next_page(table, h, p + 1, p_end)
+            if p < p_end:
+                pk = i64(table[0, h, IX(p)])
+                pv = i64(table[1, h, IX(p)])
+                nval = min(P, L - p * P)
+        return p, c1, pk, pv, nval
+
+    @cuda.jit(device=True, inline=True)
     def issue(ring, bars, bi, sb, k_words, k_scales, v_words, v_scales, pk, pv, P, c0, nval):
         """(bulk, one lane) The copies of a chunk, rows c0 .. of K page pk and V page pv (whole
         rows up to the page's last valid one; scales rounded up to 16 bytes, still inside the page),
@@ -557,27 +583,13 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     mbar_init(bars, wb + st, 1)
                 mbar_fence_init()
             cuda.syncwarp()
-            p = next_page(table, h, p_begin, p_end)
-            pk = i64(0)
-            pv = i64(0)
-            nval = 0
-            if p < p_end:
-                pk = i64(table[0, h, IX(p)])
-                pv = i64(table[1, h, IX(p)])
-                nval = min(P, L - p * P)
-                if lane == 0:
-                    issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
+            p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
+            if p < p_end and lane == 0:
+                issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
             c0 = 0
             it = 0
             while p < p_end:  # (p, c0) the chunk of stage it & 1, (p1, c1) the next one
-                p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
-                if c1 >= nval:
-                    c1 = 0
-                    p1 = next_page(table, h, p + 1, p_end)
-                    if p1 < p_end:
-                        pk1 = i64(table[0, h, IX(p1)])
-                        pv1 = i64(table[1, h, IX(p1)])
-                        nval1 = min(P, L - p1 * P)
+                p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
                     cuda.syncwarp()  # every lane is done with the stage the next chunk overwrites
                     if lane == 0:
@@ -601,14 +613,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             # Software-pipelined: a chunk's K words are loaded while the previous chunk's softmax and
             # V product run, its V words while its own K product runs (each into registers the
             # previous use just freed), so a warp's own work covers its load latency.
-            p = next_page(table, h, p_begin, p_end)
-            pk = i64(0)
-            pv = i64(0)
-            nval = 0
+            p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
             if p < p_end:
-                pk = i64(table[0, h, IX(p)])
-                pv = i64(table[1, h, IX(p)])
-                nval = min(P, L - p * P)
                 load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid, 0, 0)
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0)
             c0 = 0
@@ -617,14 +623,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
                 else:
                     scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
-                p1, c1, pk1, pv1, nval1 = p, c0 + CH, pk, pv, nval
-                if c1 >= nval:
-                    c1 = 0
-                    p1 = next_page(table, h, p + 1, p_end)
-                    if p1 < p_end:
-                        pk1 = i64(table[0, h, IX(p1)])
-                        pv1 = i64(table[1, h, IX(p1)])
-                        nval1 = min(P, L - p1 * P)
+                p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
                     load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid, 0, 0)
                 m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
