@@ -27,6 +27,9 @@ shared E4M3 table (K) and one multiply at the end (V). Only q and p are rounded 
 or bf16 where the other operand is bf16), as in flash attention; accumulation is fp32.
 int8 keys are not decoded at all (`k8`, the default): their K product runs on the integer tensor
 cores (mma.m16n8k32.s8, exact int32 sums) with q as a 16-bit integer per head in two int8 rows.
+The `bulk` build (the 4-bit formats' default) reads each chunk from a two-stage ring in shared
+memory that one lane fills with cp.async.bulk copies, instead of from global memory: the same
+values in the same order (docs/kernels.md "The bulk ring").
 
 This file is the decode kernel (one query token per warp-split); the prefill kernels (query
 tokens on the MMA rows) are in attention_prefill.py, the inline-PTX primitives and their
@@ -116,7 +119,7 @@ def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool =
     row = D // _VPW[kf] + D // _VPW[vf] + (0 if kf == BF16 else (sw if kf in (NVFP4, ISO3) else 1)) + \
         (0 if vf == BF16 else (sw if vf in (NVFP4, ISO3) else 1))
     ring = max(NWARPS * 2 * ch * row, NWARPS * G * (D + 2))
-    qs = NWARPS * 32 * (D // 32 * 4 if kf == INT8 else 2 * D // 16) if qsmem else 0
+    qs = NWARPS * 32 * (D // 8) if qsmem else 0  # a lane's D / 8 words of q fragments
     return 4 * (ring + qs) + 8 * NWARPS * 2
 
 
@@ -571,7 +574,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         vsc = cuda.local.array((NT2, 4, SW), np.uint32)
         vrs = cuda.local.array((NT2, 4), np.float32)
         if SIMULATED:  # (the simulator refuses an alignment)
-            ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; then the merge's
+            ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; the merge reuses it
         else:
             ring = cuda.shared.array(RING, np.uint32, alignment=16)
         bars = cuda.shared.array(NBAR, np.uint64)  # (bulk) [warp, stage]
