@@ -7,7 +7,8 @@ Per build (a name of bench/attention_decode.py's variants, or "default": the ker
 runs; attention_mma's device-position build at --G / --D, default G 4 and d 128 as the benchmark's
 32/8/128, at the build's register cap, none where it has none):
 registers, spilled bytes, and from the first 128-bit load on (the chunk loop's first K load) the
-run of loads (L: LDG, 128-bit ones counted as such) and MMAs (I: IMMA, H: HMMA) in program order,
+run of loads (L: LDG, and LDS: q in shared memory, the bulk ring's reads; 128-bit ones counted as
+such) and MMAs (I: IMMA, H: HMMA) in program order,
 e.g. `L8 I8 H8`: the chunk's K and V loads all issue before its first MMA, so it waits for memory
 once; `L4 I3 L4 I5 H8`: V's loads wait behind K's first MMAs, i.e. for K's data (twice a chunk).
 The int8 decode waits on its loads (kernels.md "Where each kernel stands"), so this order is
