@@ -111,16 +111,25 @@ def ref_q_int16(x: np.ndarray) -> np.ndarray:
     return (np.rint(x * p2).astype(np.float64) / p2).astype(np.float32)
 
 
-def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> int:
-    """Static shared memory of the `bulk` build: 2 chunks per warp (the block merge reuses them),
-    the mbarriers, q's fragments with qsmem."""
+STAGES = 2  # the bulk ring's chunks a warp (3: no faster, H100 at 774749f)
+
+
+def _ring_layout(kf: int, vf: int, G: int, D: int, nt: int = 0) -> tuple:
+    """The bulk ring in 32-bit words: a stage's parts (K codes, V codes, K scales, V scales) of one
+    chunk, and the ring's size (STAGES stages a warp, or the block merge's [warp, g, d] and
+    [warp, g, (m, l)] where larger: the merge reuses it)."""
     ch = 8 * (nt or 2)
-    sw = D // 64
-    row = D // _VPW[kf] + D // _VPW[vf] + (0 if kf == BF16 else (sw if kf in (NVFP4, ISO3) else 1)) + \
-        (0 if vf == BF16 else (sw if vf in (NVFP4, ISO3) else 1))
-    ring = max(NWARPS * 2 * ch * row, NWARPS * G * (D + 2))
+
+    def scale_words(f):  # E4M3 bytes (4-bit), one float32 (int8), none (bf16) a row
+        return 0 if f == BF16 else ch * (D // 64 if f in (NVFP4, ISO3) else 1)
+    parts = (ch * D // _VPW[kf], ch * D // _VPW[vf], scale_words(kf), scale_words(vf))
+    return parts, max(NWARPS * STAGES * sum(parts), NWARPS * G * (D + 2))
+
+
+def bulk_smem_bytes(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> int:
+    """Static shared memory of the `bulk` build: the ring, its mbarriers, q's fragments with qsmem."""
     qs = NWARPS * 32 * (D // 8) if qsmem else 0  # a lane's D / 8 words of q fragments
-    return 4 * (ring + qs) + 8 * NWARPS * 2
+    return 4 * (_ring_layout(kf, vf, G, D, nt)[1] + qs) + 8 * NWARPS * STAGES
 
 
 def supports_bulk(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = False) -> bool:
@@ -185,14 +194,13 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     BULK = bool(bulk)
     if BULK and pipe:
         raise ValueError("attention_mma: bulk is its own pipeline (no pipe)")
-    STG = 2  # (3 stages: no faster, H100 at 774749f)
+    STG = STAGES
     KSR = SW if K4 else 1  # scale words per row (int8: one float32)
     VSR = SW if V4 else 1
-    SKW, SVW = CH * RWK, CH * RWV  # code words of a chunk: [K codes | V codes | K scales | V scales]
-    SKS = CH * KSR if kf != BF16 else 0
-    SVS = CH * VSR if vf != BF16 else 0
+    # a stage: [K codes | V codes | K scales | V scales] of a chunk, in words
+    (SKW, SVW, SKS, SVS), RING = _ring_layout(kf, vf, G, D, nt)
     STW = SKW + SVW + SKS + SVS  # words of a stage (a multiple of 16: 64-byte aligned stages)
-    RING = max(NWARPS * STG * STW, SMA + SMM) if BULK else 1  # the block merge reuses it
+    RING = RING if BULK else 1
     SMA_, SMM_, NBAR = (1, 1, NWARPS * STG) if BULK else (SMA, SMM, 1)  # the merge's own arrays; the mbarriers
     LD2, LD4 = (lds2, lds4) if BULK else (ldg2, ldg4)
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +

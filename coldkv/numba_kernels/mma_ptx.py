@@ -199,19 +199,20 @@ def cp_async16_zfill(typingctx, sarr, sidx, garr, gidx, nbytes):
     return types.none(sarr, sidx, garr, gidx, nbytes), codegen
 
 
-def _asm0(ptx):
+def _asm_void(ptx):
+    """An intrinsic f() emitting `ptx`: no operands, no result (volatile, memory clobber)."""
     @intrinsic
     def f(typingctx):
         def codegen(context, builder, sig, args):
             builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
             return context.get_dummy_value()
 
-        return types.none(), codegen
+        return types.void(), codegen
 
     return f
 
 
-cp_async_wait_all = _asm0("cp.async.wait_all;")  # commit + wait for every cp.async of the thread
+cp_async_wait_all = _asm_void("cp.async.wait_all;")  # commit + wait for every cp.async of the thread
 
 
 def _cp_async(nbytes):
@@ -238,18 +239,6 @@ def _cp_async(nbytes):
         return types.void(dst, di, src, si), codegen
 
     return cp
-
-
-def _asm_void(ptx):
-    @intrinsic
-    def f(typingctx):
-        def codegen(context, builder, sig, args):
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}", side_effect=True), [])
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    return f
 
 
 cp_async4 = _cp_async(4)

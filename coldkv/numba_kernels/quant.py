@@ -854,17 +854,15 @@ else:
     # 1024 instead of 2^23 for the roundings). Bytes as requant._rq_table's: lo = (0, E(a/2), E(a), E(b)),
     # hi = (E(2a), E(2b), E(4a), E(4b)). test_gpu_e2m1_table16_exhaustive checks it on every
     # float32 in [0, 64] against the fp32 encoder.
+    _TAB16_REGS = "{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .f32 xa, xb;\n"
     e2m1_table16 = asm(
-        "{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
-        " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n abs.f32 xa, $2;\n abs.f32 xb, $3;\n"
+        _TAB16_REGS + " .reg .b16 hl, hh;\n .reg .f32 fa, fb;\n .reg .pred pa, pb;\n abs.f32 xa, $2;\n abs.f32 xb, $3;\n"
         " cvt.rz.f16x2.f32 h, xb, xa;\n mov.b32 {hl, hh}, h;\n cvt.f32.f16 fa, hl;\n cvt.f32.f16 fb, hh;\n"
         " setp.neu.f32 pa, fa, xa;\n setp.neu.f32 pb, fb, xb;\n @pa or.b32 h, h, 1;\n @pb or.b32 h, h, 65536;\n"
         + _TAB16_ENC, "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
     # e2m1_table16 for x, y >= 0 (no abs), the round-to-odd conversion by _RO16
-    e2m1_table16q = asm(
-        "{.reg .b32 h, x, k, m1, m2, f4, f2, big, u, v, w, t, ta, tb, tc, td;\n .reg .b16 hl, hh;\n"
-        " .reg .f32 xa, xb, fa, fb;\n .reg .pred pa, pb;\n" + _RO16.format("$2", "$3", "h") + _TAB16_ENC,
-        "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
+    e2m1_table16q = asm(_TAB16_REGS + _RO16.format("$2", "$3", "h") + _TAB16_ENC,
+                        "=r,=r,f,f", _t.UniTuple(_t.uint32, 2), (_t.float32, _t.float32))
     # The iso3 requant table from its four distinct products p_m = fl(fl(m d) r), m = 1, 3, 5, 7 (>= 0;
     # 2 d, 4 d, 6 d are exact doublings, so E(2m d r) = E(2 p_m)): the same round-to-odd fp16 and
     # f16x2 encoder as e2m1_table16q, 7 entries in 4 encodes instead of 7 fp32 ones (_rq_table32).
