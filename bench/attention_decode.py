@@ -71,6 +71,9 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # chunks a warp in shared memory, filled by cp.async.bulk (attention_mma bulk: the next chunk's bytes
 # in flight without registers or issue slots; the 4-bit formats' default since session 26), "bulk96"
 # the same at 96 registers, "bulkr0" uncapped, "nobulk" the default's knobs without the ring.
+# "tm" the default's knobs with the K product's tokens on the MMA rows (attention_mma tm: one MMA per
+# 16 tokens a k16 step instead of two, no zero rows of q, P transposed by movmatrix; 4-bit and bf16
+# keys; session 27, offline), "tmnobulk" the same without the ring.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -85,7 +88,10 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128},
        "bulk": {"kernel": "mma", "mma_bulk": True}, "bulk96": {"kernel": "mma", "mma_bulk": True, "max_registers": 96},
        "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
-       "nobulk": {"kernel": "mma", "mma_bulk": False}}
+       "nobulk": {"kernel": "mma", "mma_bulk": False},
+       "tm": {"kernel": "mma", "mma_tm": True}, "tmnobulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": False},
+       "bulkt4": {"kernel": "mma", "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
+       "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
 # @qs96: int8 before 693f8b1's qs128 default and the 5-block candidate; @k8off, @ws128: slower)

@@ -72,7 +72,7 @@ def main() -> None:
                                                              kw.get("mma_qsmem"), kw.get("mma_bulk"))
             k8 = kw.get("mma_k8", True) and AM.supports_k8(f, args.G, args.D)
             kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8, qsmem,
-                                 bulk)
+                                 bulk, kw.get("mma_tm", False))
             info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
                                   args.ptxas, maxrregcount=cap or 0)
             regs = re.search(r"Used (\d+) registers", " ".join(info))

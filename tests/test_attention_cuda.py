@@ -111,7 +111,13 @@ def _kernel_kw(kernel):
             # q's fragments in shared memory at 96 registers (5 blocks an SM)
             "mma_qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96},
             # pages read through a shared-memory ring filled by cp.async.bulk
-            "mma_bulk": {"kernel": "mma", "mma_bulk": True}}.get(kernel, {"kernel": kernel})
+            "mma_bulk": {"kernel": "mma", "mma_bulk": True},
+            # the K product with tokens on the MMA rows, P transposed by movmatrix
+            "mma_tm": {"kernel": "mma", "mma_tm": True},
+            "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
+            # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
+            "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
+                          "max_registers": 128}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -246,6 +252,31 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=1, P=P, seed=T + L,
                    ws=A.AttentionWorkspace(16, T, G, D), kernel=kernel)
     check(*res)
+
+
+@pytest.mark.parametrize("kernel,kname,vname,G,D,L,P,qscale", [
+    ("mma_tm", "nvfp4", "nvfp4", 4, 64, 70, 16, 1.0),  # a part last chunk, heads 4..7 empty columns
+    pytest.param("mma_tm", "nvfp4", "iso3", 4, 128, 150, 16, 12.0, marks=SIM_SLOW),  # running max moves
+    pytest.param("mma_tm", "bf16", "nvfp4", 3, 64, 70, 32, 1.0, marks=SIM_SLOW),  # bf16 keys, an odd G
+    pytest.param("mma_tm_bulk", "iso3", "bf16", 8, 64, 100, 16, 4.0, marks=SIM_SLOW),  # every column a head
+    pytest.param("mma_tm_t4", "nvfp4", "nvfp4", 2, 64, 150, 32, 1.0, marks=SIM_SLOW)])  # two m16 tiles a chunk
+def test_tokens_on_rows_decode(kernel, kname, vname, G, D, L, P, qscale):
+    """mma_tm: the K product with 16 tokens on the MMA rows and the heads on its columns; the
+    softmax then runs per head pair over 8 lanes and movmatrix (emulated) transposes P for the V
+    product. Against the reference, and within the rounding of the plain build's output."""
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=1, P=P, seed=L + G, qscale=qscale,
+                   ws=A.AttentionWorkspace(16, 1, G, D), kernel=kernel)
+    check(*res)
+    plain = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=1, P=P, seed=L + G, qscale=qscale,
+                     ws=A.AttentionWorkspace(16, 1, G, D), kernel="mma")
+    np.testing.assert_allclose(res[0], plain[0], rtol=0, atol=4 * float(res[3].max()) + 1e-6)
+
+
+def test_tokens_on_rows_refuses_int8():
+    with pytest.raises(ValueError, match="tm needs"):
+        M.get_kernel(Q.INT8, Q.NVFP4, 4, 64, tm=True)
+    with pytest.raises(ValueError, match="tm needs"):
+        M.get_kernel(Q.NVFP4, Q.INT8, 4, 64, tm=True)
 
 
 def test_wgmma_prefill_refuses_what_it_cannot_run():
@@ -581,6 +612,23 @@ def test_gpu_decode_bulk_ring(kname, vname, G, D):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel,kname,vname,G,D", [
+    ("mma_tm", "nvfp4", "nvfp4", 4, 128), ("mma_tm", "iso3", "iso3", 4, 128), ("mma_tm", "bf16", "bf16", 4, 128),
+    ("mma_tm", "nvfp4", "nvfp4", 6, 256), ("mma_tm", "bf16", "nvfp4", 8, 64), ("mma_tm", "iso3", "bf16", 1, 64),
+    ("mma_tm_t4", "nvfp4", "nvfp4", 4, 128), ("mma_tm_t4", "nvfp4", "iso3", 4, 128),
+    ("mma_tm_t4", "iso3", "iso3", 4, 128), ("mma_tm_t4", "nvfp4", "bf16", 3, 64)])
+def test_gpu_decode_tokens_on_rows(kernel, kname, vname, G, D):
+    """Tokens on the K product's MMA rows (movmatrix on the device): against the reference over
+    20017 tokens, and close to the plain build (not bitwise: each lane sums its share of p first)."""
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
+                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel=kernel)
+    check(*res)
+    plain = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
+                     ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma")
+    np.testing.assert_allclose(res[0], plain[0], rtol=0, atol=4 * float(res[3].max()) + 1e-6)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma", "mma_k8off", "mma_qs96"])
 @pytest.mark.parametrize("vname,G,D,P", [("int8", 4, 128, 64), ("nvfp4", 8, 64, 16), ("bf16", 6, 256, 32),
                                          ("iso3", 3, 128, 8)])
@@ -757,7 +805,7 @@ def test_gpu_prefill_large_vs_sdpa(kname, vname, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk"])
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk", "mma_tm", "mma_tm_t4"])
 def test_gpu_decode_vs_sdpa_long(kernel):
     G, H, D, L, P = 4, 8, 128, 131072 + 5, 64
     pools, table, gscale, kd, vd = make_cache(Q.NVFP4, Q.NVFP4, L, H, D, P, 9)
@@ -777,7 +825,7 @@ def test_gpu_decode_vs_sdpa_long(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk"])
+@pytest.mark.parametrize("kernel", KERNELS + ["mma_bulk", "mma_tm_t4"])
 def test_gpu_device_position_mode(kernel):
     ws = A.AttentionWorkspace(4096, 1, 32, 128)
     for dgot, igot, *refs in _devpos_cases(Q.NVFP4, Q.NVFP4, 4, 128, 30000, 8, 64,

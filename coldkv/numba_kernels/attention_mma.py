@@ -9,18 +9,21 @@ accumulation, and codes are decoded straight from registers into 16-bit operand 
   K phase, per 8-token tile:  S[g, tok] = sum_d q[g, d] K[tok, d]      A = q (rows g, 8 of 16 used,
       held in registers for the whole kernel), B = K^T (n = tok: lane (gid, tig) loads the row of
       token gid). For the 4-bit formats every k16 step is one 16-value scale group, so the E4M3
-      group scale is applied to the step's fp32 result (per token column); int8's row scale once
-      per tile; bf16 needs none.
+      group scale is multiplied into the step's B operands (mul.f16x2; the E2M1 decode's 2^-14 is
+      undone on the fp32 result); int8's row scale once per tile; bf16 needs none. The `tm` build
+      swaps the operands (A = K with 16 tokens on the rows, B = q^T): one MMA per 16 tokens a step,
+      the softmax per head pair over 8 lanes, and P transposed by movmatrix for the V phase.
   softmax: lane (gid, tig) holds S[g = gid, tok = 2 tig, 2 tig + 1] of each tile: row max over the
       4 lanes of a row, lazy rescaling as in attention_cuda (the max moves only when it grows by
       more than 2^8), p = exp2(s - m) in fp32.
   V phase, per 16 tokens: O^T[d, g] += V^T[d, tok] P^T[tok, g]   A = V^T (rows d, k = tok), B = P^T,
       which is exactly the K phase's accumulator layout of two tiles (no shuffle, as in FA2).
-      Scales vary along the reduction (tokens), so they go into B: P * (E4M3 group scale) for the
-      4-bit formats (one B per 16-dim group), P * row scale for int8.
+      Scales vary along the reduction (tokens): the 4-bit formats' E4M3 group scales go into A with
+      the codes (two tokens' scales a register), int8's row scales into B (P * row scale).
 
-Operand decoding (exact): E2M1 nibble s|eem -> fp16 bits (s << 15) | (eem << 9) = value * 2^-14,
-times 2^14 by mul.f16x2 (exact; keeps the operands normal fp16); ISO3 nibble s|mmm -> fp16
+Operand decoding: E2M1 nibble s|eem -> fp16 bits (s << 15) | (eem << 9) = value * 2^-14
+(0.5 an fp16 subnormal), times the group scale by mul.f16x2 (exact for every normal E4M3 scale,
+>= 2^-6); ISO3 nibble s|mmm -> fp16
 (0x6400 | mmm) - 1024 with the sign or-ed in; int8 -> fp16 (0x6400 | (b ^ 0x80)) - 1152
 (byte_perm); bf16 codes are bf16 operands as stored. The global scales (1/g) are folded into the
 shared E4M3 table (K) and one multiply at the end (V). Only q and p are rounded to 16 bits (fp16,
@@ -50,7 +53,7 @@ from numba import types
 from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
     SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e4m3x2, ex2, ldg2, ldg4, lds2, lds4, mbar_arrive_tx,
-    mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, mul_f16x2, pack_bf16, pack_f16, prmt)
+    mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16, pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -137,13 +140,19 @@ def supports_bulk(kf: int, vf: int, G: int, D: int, nt: int = 0, qsmem: bool = F
     return supports(kf, vf, G, D) and bulk_smem_bytes(kf, vf, G, D, nt, qsmem) <= 48 * 1024
 
 
+def supports_tm(kf: int, vf: int, G: int, D: int) -> bool:
+    """The K product with tokens on the MMA rows (`tm`): 4-bit or bf16 keys; V not int8 (its row
+    scales go into P per token before the transpose, which this build does not do)."""
+    return supports(kf, vf, G, D) and kf in (NVFP4, ISO3, BF16) and vf != INT8
+
+
 def supports_k8(kf: int, G: int, D: int) -> bool:
     """The K product on 8-bit integer tensor cores (`k8`): int8 keys (G <= 8, as `supports`)."""
     return kf == INT8 and G <= 8 and D % 64 == 0 and D <= 256
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
+           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False, tm: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -175,6 +184,14 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     if k8 and not supports_k8(kf, G, D):
         raise ValueError(f"attention_mma: k8 needs int8 keys (K={kf})")
     I8 = bool(k8)
+    # tm: the K product with the chunk's tokens on the 16 MMA rows and the q heads on the 8 columns
+    # (A = K, B = q^T: one MMA per k16 step for 16 tokens instead of two with 12 of q's 16 rows
+    # zero). Lane (gid, tig) then holds S of tokens gid, gid + 8 for heads 2 tig, 2 tig + 1, so the
+    # softmax runs per head pair over the 8 lanes of a tig, and movmatrix transposes P into the V
+    # product's B (its layout is the K product's accumulator with tokens and heads swapped).
+    TM = bool(tm)
+    if TM and not supports_tm(kf, vf, G, D):
+        raise ValueError(f"attention_mma: tm needs 4-bit or bf16 keys and V not int8 (K={kf} V={vf})")
     # qsmem: q's A fragments in shared memory, a lane's words at [warp, ..., lane] (conflict-free),
     # instead of 16 registers: int8 then fits 96 registers (8 spilled bytes, per page) and 5 blocks
     # an SM instead of 4 (the kernel waits on its loads; kernels.md "Where each kernel stands")
@@ -295,6 +312,41 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     vrs[v, i] = rd_f32(v_scales, IX(so + row))
 
     @cuda.jit(device=True, inline=True)
+    def k_operand(kreg, ksc, u, s, kb0):
+        """The two 16-bit operand words of tile u (token gid's row), step s: B's (k 2tig, 2tig + 1 |
+        + 8; col gid), or with tm A's (row gid | gid + 8 from tile u | u + 1; same k)."""
+        if K4:  # group scale of the step's word (token gid) multiplied in
+            bsel = kb0 + u32(s >> 2)
+            sp = e4m3x2(ksc[u, 0], ksc[u, 1], bsel | (bsel << 4))
+            x = kreg[u, s >> 1]
+            return mul_f16x2(dec_k(x, 2 * (s & 1)), sp), mul_f16x2(dec_k(x, 2 * (s & 1) + 1), sp)
+        return kreg[u, 2 * s], kreg[u, 2 * s + 1]  # bf16
+
+    @cuda.jit(device=True, inline=True)
+    def scores_tm(qa, kreg, ksc, sv, kc, c0, nval, tig, gid, ql):
+        """tm's K phase: S[tok, g] of 16 tokens a step into sv[u, i] = S[c0 + 8u + gid, 2tig + i]."""
+        kb0 = u32((tig * GPL) & 3)
+        for w in range(NT2):
+            c_0 = f32(0.0)
+            c_1 = f32(0.0)
+            c_2 = f32(0.0)
+            c_3 = f32(0.0)
+            for s in range(NS):
+                a0, a2 = k_operand(kreg, ksc, 2 * w, s, kb0)
+                a1, a3 = k_operand(kreg, ksc, 2 * w + 1, s, kb0)
+                c_0, c_1, c_2, c_3 = mma_k(a0, a1, a2, a3, qa[0, s, ql], qa[1, s, ql], c_0, c_1, c_2, c_3)
+            if K4:
+                c_0 *= kc
+                c_1 *= kc
+                c_2 *= kc
+                c_3 *= kc
+            tok = c0 + 16 * w + gid
+            sv[2 * w, 0] = c_0 if tok < nval else _NEG_INF
+            sv[2 * w, 1] = c_1 if tok < nval else _NEG_INF
+            sv[2 * w + 1, 0] = c_2 if tok + 8 < nval else _NEG_INF
+            sv[2 * w + 1, 1] = c_3 if tok + 8 < nval else _NEG_INF
+
+    @cuda.jit(device=True, inline=True)
     def scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql):
         """K phase: S[g, tok] of the chunk's NT 8-token tiles into sv (-inf past nval)."""
         kb0 = u32((tig * GPL) & 3)  # byte of this lane's first scale group in ksc[u, 0]
@@ -302,15 +354,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             c_0 = f32(0.0)
             c_1 = f32(0.0)
             for s in range(NS):
-                if K4:  # group scale of the step's word (token gid, B's column) multiplied into B
-                    bsel = kb0 + u32(s >> 2)
-                    sp = e4m3x2(ksc[u, 0], ksc[u, 1], bsel | (bsel << 4))
-                    x = kreg[u, s >> 1]
-                    b0 = mul_f16x2(dec_k(x, 2 * (s & 1)), sp)
-                    b1 = mul_f16x2(dec_k(x, 2 * (s & 1) + 1), sp)
-                elif kf == BF16:
-                    b0 = kreg[u, 2 * s]
-                    b1 = kreg[u, 2 * s + 1]
+                if kf != INT8:
+                    b0, b1 = k_operand(kreg, ksc, u, s, kb0)
                 else:
                     w = kreg[u, s]
                     b0 = dec_i8(w, 0x5140)
@@ -344,9 +389,87 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             sv[u, 1] = x1 if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
-    def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid):
-        """Online softmax of the chunk's scores (row g = gid over its 4 lanes), then O^T += V^T P^T
-        per 16-token step; returns the new (m_run, l_run)."""
+    def k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql):
+        if I8:
+            scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
+        elif TM:
+            scores_tm(qa, kreg, ksc, sv, kc, c0, nval, tig, gid, ql)
+        else:
+            scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_tm(sv, acc, ml):
+        """tm's online softmax: heads 2tig, 2tig + 1 (ml: their running max and this lane's share of
+        their sums, updated) over the 8 lanes of a tig; sv becomes p."""
+        m0, m1, l0, l1 = ml[0], ml[1], ml[2], ml[3]
+        x0 = _NEG_INF
+        x1 = _NEG_INF
+        for u in range(NT):
+            x0 = max(x0, sv[u, 0])
+            x1 = max(x1, sv[u, 1])
+        for o in range(3):
+            x0 = max(x0, cuda.shfl_xor_sync(0xFFFFFFFF, x0, 4 << o))
+            x1 = max(x1, cuda.shfl_xor_sync(0xFFFFFFFF, x1, 4 << o))
+        n0 = x0 > m0 + _LAZY
+        n1 = x1 > m1 + _LAZY
+        if cuda.any_sync(0xFFFFFFFF, n0 or n1):  # rare: a running max moves
+            y0 = x0 if n0 else m0
+            y1 = x1 if n1 else m1
+            a0 = ex2(m0 - y0)
+            a1 = ex2(m1 - y1)
+            l0 *= a0
+            l1 *= a1
+            m0 = y0
+            m1 = y1
+            for j in range(NS):  # O^T columns 2tig | 2tig + 1
+                acc[j, 0] *= a0
+                acc[j, 1] *= a1
+                acc[j, 2] *= a0
+                acc[j, 3] *= a1
+        for u in range(NT):
+            p0 = ex2(sv[u, 0] - m0)
+            p1 = ex2(sv[u, 1] - m1)
+            l0 += p0
+            l1 += p1
+            sv[u, 0] = p0
+            sv[u, 1] = p1
+        ml[0] = m0
+        ml[1] = m1
+        ml[2] = l0
+        ml[3] = l1
+
+    @cuda.jit(device=True, inline=True)
+    def tm_rows(ml, tig, gid):
+        """tm's (m, l) per head pair -> the plain layout's (m_run, l_run) of head gid (l whole on
+        lane tig 0, 0 on the others: the merge sums a row's 4 lanes)."""
+        m0, m1, l0, l1 = ml[0], ml[1], ml[2], ml[3]
+        for o in range(3):
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 4 << o)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 4 << o)
+        src = gid >> 1  # lane (0, gid >> 1) holds heads gid & ~1, gid | 1
+        m0 = cuda.shfl_sync(0xFFFFFFFF, m0, src)
+        m1 = cuda.shfl_sync(0xFFFFFFFF, m1, src)
+        l0 = cuda.shfl_sync(0xFFFFFFFF, l0, src)
+        l1 = cuda.shfl_sync(0xFFFFFFFF, l1, src)
+        m = m1 if gid & 1 else m0
+        l = l1 if gid & 1 else l0
+        return m, (l if tig == 0 else f32(0.0))
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid):
+        """Online softmax of the chunk's scores, then O^T += V^T P^T per 16-token step; returns the
+        new (m_run, l_run) of row g = gid. With tm the state is ml's instead (updated): the running
+        max and this lane's share of the sum of heads 2tig, 2tig + 1 (m, m', l, l')."""
+        if TM:
+            softmax_tm(sv, acc, ml)
+        else:
+            m_run, l_run = softmax_rows(sv, acc, m_run, l_run, tig)
+        pv(sv, vreg, vsc, vrs, acc, tig, gid)
+        return m_run, l_run
+
+    @cuda.jit(device=True, inline=True)
+    def softmax_rows(sv, acc, m_run, l_run, tig):
+        """The online softmax of row g = gid over its 4 lanes; sv becomes p."""
         mx = _NEG_INF
         for u in range(NT):
             mx = max(mx, max(sv[u, 0], sv[u, 1]))
@@ -370,6 +493,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 pr = ex2(sv[u, i] - m_run)  # one MUFU (mma_ptx.ex2)
                 l_run += pr
                 sv[u, i] = pr
+        return m_run, l_run
+
+    @cuda.jit(device=True, inline=True)
+    def pv(sv, vreg, vsc, vrs, acc, tig, gid):
+        """O^T += V^T P^T per 16-token step of the chunk (sv: its p)."""
         bsel = u32(gid >> 1)  # V: this lane's scale byte within word j >> 2
         vsel = bsel | ((bsel + 4) << 4)
         for v in range(NT2):
@@ -377,7 +505,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             p1 = sv[2 * v, 1]
             p2 = sv[2 * v + 1, 0]
             p3 = sv[2 * v + 1, 1]
-            if vf == INT8:
+            if TM:  # [tok gid | gid + 8, head 2tig, 2tig + 1] -> B's [tok 2tig.. | 2tig + 8.., head gid]
+                bb0 = movm_t(pack_v(p0, p1))
+                bb1 = movm_t(pack_v(p2, p3))
+            elif vf == INT8:
                 bb0 = pack_v(p0 * vrs[v, 0], p1 * vrs[v, 1])
                 bb1 = pack_v(p2 * vrs[v, 2], p3 * vrs[v, 3])
             else:
@@ -415,7 +546,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 acc[j, 1] = r1
                 acc[j, 2] = r2
                 acc[j, 3] = r3
-        return m_run, l_run
 
     @cuda.jit(device=True, inline=True)
     def next_page(table, h, p, p_end):
@@ -574,6 +704,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 acc[j, i] = f32(0.0)
         m_run = _NEG_INF  # of row g = gid
         l_run = f32(0.0)  # this lane's share of row gid's sum
+        ml = cuda.local.array(4, np.float32)  # (tm) of heads 2tig, 2tig + 1: (m, m', l, l')
+        ml[0] = _NEG_INF
+        ml[1] = _NEG_INF
+        ml[2] = f32(0.0)
+        ml[3] = f32(0.0)
         kreg = cuda.local.array((NT, KW), np.uint32)
         ksc = cuda.local.array((NT, 2), np.uint32)
         krs = cuda.local.array((NT, 2), np.float32)
@@ -611,12 +746,9 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 sb = b0 * STW
                 mbar_wait(bars, b0, (it >> 1) & 1)
                 load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW)
-                if I8:
-                    scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
-                else:
-                    scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
+                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
                 load_v(ring, ring, vreg, vsc, vrs, -c0, c0, nval - 1, tig, gid, sb + SKW, sb + SKW + SVW + SKS)
-                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
                 it += 1
             cuda.syncthreads()  # every warp is done with its ring: the merge below reuses it
@@ -630,14 +762,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
-                if I8:
-                    scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
-                else:
-                    scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
+                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
                 p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
                     load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid, 0, 0)
-                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
                 if p1 < p_end:
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid, 0, 0)
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
@@ -650,17 +779,16 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 nval = min(P, L - p * P)
                 for c0 in range(0, nval, CH):
                     load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid, 0, 0)
-                    if I8:
-                        scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
-                    else:
-                        scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
+                    k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
                     load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid, 0, 0)
-                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, tig, gid)
+                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
 
         # ---------------- the block's partial: the NWARPS warps' (m, l, acc) merged in shared
         # memory, so the workspace holds one split per block (4x fewer for the reduce kernel)
         sm_acc = cuda.shared.array(SMA_, np.float32)  # [warp, g, d]
         sm_ml = cuda.shared.array(SMM_, np.float32)  # [warp, g, (m, l)]
+        if TM:
+            m_run, l_run = tm_rows(ml, tig, gid)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 1)
         l_run += cuda.shfl_xor_sync(0xFFFFFFFF, l_run, 2)
         vc = f32(1.0)
@@ -711,9 +839,10 @@ _KERNELS: dict = {}
 
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
-               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False):
+               u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False,
+               tm: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem), bool(bulk))
+           bool(qsmem), bool(bulk), bool(tm))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -745,7 +874,10 @@ def _ptx_signatures():
             (get_kernel(INT8, NVFP4, 8, 64, k8=True), kernel_sig(INT8, NVFP4)),
             (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True), kernel_sig(NVFP4, NVFP4, True)),
-            (get_kernel(INT8, ISO3, 2, 64, bulk=True, k8=True), kernel_sig(INT8, ISO3))]
+            (get_kernel(INT8, ISO3, 2, 64, bulk=True, k8=True), kernel_sig(INT8, ISO3)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True, tm=True),
+             kernel_sig(NVFP4, NVFP4, True)),
+            (get_kernel(BF16, ISO3, 6, 64, nt=4, tm=True), kernel_sig(BF16, ISO3))]
     return out
 
 

@@ -84,6 +84,9 @@ e4m3x2 = _asm("{.reg .b32 t;\n .reg .b16 lo, hi;\n prmt.b32 t, $1, $2, $3;\n mov
               " cvt.rn.f16x2.e4m3x2 $0, lo;}",
               "=r,r,r,r", _u32, (_u32, _u32, _u32))
 mul_f16x2 = _asm("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", _u32, (_u32, _u32))
+# an 8x8 matrix of 16-bit values, lane (gid, tig) holding row gid, cols 2 tig, 2 tig + 1 (low half
+# first: an MMA accumulator's layout, packed), transposed across the warp into the same layout
+movm_t = _asm("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", "=r,r", _u32, (_u32,))
 # 2^x in one MUFU.EX2: math.exp2 is ex2.approx.f32 without .ftz, which ptxas widens to ~6
 # instructions (a range test and two multiplies) to produce subnormal results; a softmax
 # weight below 2^-126 of the row's max is 0 here instead.
@@ -402,6 +405,13 @@ def _sim_e4m3x2(a, b, sel):
     return np.uint32(_sim_to_f16(_E4M3_TAB[t & 0xFF]) | (_sim_to_f16(_E4M3_TAB[(t >> 8) & 0xFF]) << 16))
 
 
+def _sim_movm_t(x):
+    words, lane = _sim_allgather(int(x))
+    g, t = lane >> 2, lane & 3
+    half = [(words[4 * r + g // 2] >> (16 * (g % 2))) & 0xFFFF for r in (2 * t, 2 * t + 1)]  # M[r][g]
+    return np.uint32(half[0] | (half[1] << 16))
+
+
 def _sim_mul_f16x2(a, b):
     return _sim_f16x2(lambda u, v: u * v, a, b)
 
@@ -582,6 +592,7 @@ if SIMULATED:
     dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
     dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
+    movm_t = _sim_movm_t
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
     ldsm_x4, ldsm_x4_t, sts4, cp_async16_zfill = _sim_ldsm(False), _sim_ldsm(True), _sim_sts4, _sim_cp_async16_zfill
     cp_async_wait_all = lambda: None  # noqa: E731
