@@ -67,12 +67,13 @@ def main() -> None:
         f = FORMAT_IDS[name]
         for build in args.builds:
             kw = {} if build == "default" else _VK[build]
-            tiles, cap, pipe, qsmem, bulk = mma_decode_build(f, f, args.G, args.D, kw.get("mma_tiles", 0),
-                                                             kw.get("max_registers"), kw.get("mma_pipe"),
-                                                             kw.get("mma_qsmem"), kw.get("mma_bulk"))
+            tiles, cap, pipe, qsmem, bulk, tm = mma_decode_build(f, f, args.G, args.D, kw.get("mma_tiles", 0),
+                                                                 kw.get("max_registers"), kw.get("mma_pipe"),
+                                                                 kw.get("mma_qsmem"), kw.get("mma_bulk"),
+                                                                 kw.get("mma_tm"))
             k8 = kw.get("mma_k8", True) and AM.supports_k8(f, args.G, args.D)
             kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8, qsmem,
-                                 bulk, kw.get("mma_tm", False))
+                                 bulk, tm)
             info, sass = assemble(kern.py_func, AM.kernel_sig(f, f, True), out / f"decode_{name}_{build}",
                                   args.ptxas, maxrregcount=cap or 0)
             regs = re.search(r"Used (\d+) registers", " ".join(info))

@@ -601,7 +601,8 @@ def _cold_in_range(table, n_pages: int) -> bool:
     return bool((t[:, :, :n_pages] <= -2).any())
 
 
-# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk) where a measured variant beat the default:
+# (K fmt, V fmt, G, D) -> (mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm) where a measured variant beat
+# the default:
 # H200, commit cc0384c (uint64-index build), 131072 tokens, 32/8/128, CUDA-graph replay us, uncapped ->
 # 128 registers: bf16 199 -> 164, iso3 168 -> 155, nvfp4/iso3 203 -> 154, nvfp4 229 -> 151
 # (bench/results/attention_decode_variants_cc0384c.json). int8 is capped at 128: uncapped, its
@@ -615,20 +616,23 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # The 4-bit formats read their pages through the bulk ring (cp.async.bulk into shared memory): H100 at
 # 167bb55, 131072 tokens, nvfp4 98.2 -> 90.7 us, iso3 108.5 -> 103.0, nvfp4/iso3 103.0 -> 96.6; int8 123.3
 # -> 125.2, so not int8 (bench/results/logs/decode_bulk_h100_167bb55.json).
-_MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False), (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True),
-              (INT8, INT8, 4, 128): (0, 128, False, True, False),
-              (ISO3, ISO3, 4, 128): (0, 128, False, False, True), (NVFP4, ISO3, 4, 128): (0, 128, False, False, True)}
+_MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
+              (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True, False),
+              (INT8, INT8, 4, 128): (0, 128, False, True, False, False),
+              (ISO3, ISO3, 4, 128): (0, 128, False, False, True, False),
+              (NVFP4, ISO3, 4, 128): (0, 128, False, False, True, False)}
 
 
 def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
-                     mma_qsmem=None, mma_bulk=None) -> tuple:
-    """(mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk) of the tensor-core decode kernel: the
-    arguments, with `_MMA_TUNED`'s setting for (K, V, G, D) in place of the first four when all four are
-    unset, and in place of mma_bulk when it is unset too."""
+                     mma_qsmem=None, mma_bulk=None, mma_tm=None) -> tuple:
+    """(mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm) of the tensor-core decode
+    kernel: the arguments, with `_MMA_TUNED`'s setting for (K, V, G, D) in place of the first four when
+    all four are unset, and in place of mma_bulk / mma_tm when those are unset too."""
     if not mma_tiles and max_registers is None and mma_pipe is None and mma_qsmem is None:
-        tuned = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False, False, False))
-        return tuned[:4] + (tuned[4] if mma_bulk is None else bool(mma_bulk),)
-    return mma_tiles, max_registers, bool(mma_pipe), bool(mma_qsmem), bool(mma_bulk)
+        tuned = _MMA_TUNED.get((int(k_fmt), int(v_fmt), G, D), (0, None, False, False, False, False))
+        return tuned[:4] + (tuned[4] if mma_bulk is None else bool(mma_bulk),
+                            tuned[5] if mma_tm is None else bool(mma_tm))
+    return mma_tiles, max_registers, bool(mma_pipe), bool(mma_qsmem), bool(mma_bulk), bool(mma_tm)
 
 
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
@@ -741,7 +745,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
-                         mma_tm=False):
+                         mma_tm=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -778,7 +782,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     shared-memory ring filled by Hopper bulk copies (attention_mma._build's bulk; pages of a multiple
     of its chunk's rows: True refuses others, None = `_MMA_TUNED`'s, which then falls back).
     mma_tm: the decode kernel's K product with tokens on the MMA rows (attention_mma._build's tm;
-    4-bit or bf16 keys, V not int8: `attention_mma.supports_tm`).
+    4-bit or bf16 keys, V not int8: `attention_mma.supports_tm`; None = `_MMA_TUNED`'s).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -865,8 +869,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         from coldkv.numba_kernels import attention_mma
 
         asked_bulk = mma_bulk
-        mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk = mma_decode_build(
-            k_fmt, v_fmt, G, D, mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk)
+        mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm = mma_decode_build(
+            k_fmt, v_fmt, G, D, mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm)
         k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
         if mma_bulk and P % (8 * (mma_tiles or 2)):  # the ring copies whole chunks of a page
             if asked_bulk:
