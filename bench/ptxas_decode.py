@@ -6,7 +6,9 @@ and MMAs (no GPU needed).
 Per build (a name of bench/attention_decode.py's variants, or "default": the kernel paged_attention_cuda
 runs; attention_mma's device-position build at --G / --D, default G 4 and d 128 as the benchmark's
 32/8/128, at the build's register cap, none where it has none):
-registers, spilled bytes, and from the first 128-bit load on (the chunk loop's first K load) the
+registers, spilled bytes, the chunk loop's instructions per 16 tokens (the body of the backward
+branch with the most MMAs; the rare rescale and lane 0's copies included), and from the first
+128-bit load on (the chunk loop's first K load) the
 run of loads (L: LDG, and LDS: q in shared memory, the bulk ring's reads; 128-bit ones counted as
 such) and MMAs (I: IMMA, H: HMMA) in program order,
 e.g. `L8 I8 H8`: the chunk's K and V loads all issue before its first MMA, so it waits for memory
@@ -50,6 +52,31 @@ def load_mma_runs(sass: str) -> str:
     return " ".join(f"{k}{n}" + (f"({w})" if k == "L" and w != n else "") for k, n, w in runs)
 
 
+_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+
+
+def chunk_loop(sass: str) -> tuple[int, int]:
+    """(instructions, MMAs) of the chunk loop: the backward branch's body with the most HMMA / IMMA
+    (the rare rescale and lane 0's copy issue included, as they sit in it)."""
+    ops, labels = [], {}
+    for line in sass.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(ops)
+        m = _INS.search(line)
+        if m:
+            ops.append((m.group(2), m.group(3)))
+    best = (0, 0)
+    for i, (op, rest) in enumerate(ops):
+        target = re.search(r"\.(L_x_\d+)", rest) if op.startswith("BRA") else None
+        if target and labels.get(target.group(1), i + 1) <= i:
+            body = ops[labels[target.group(1)]:i + 1]
+            mmas = sum(o.startswith(("HMMA", "IMMA")) for o, _ in body)
+            best = max(best, (mmas, -len(body)))
+    return -best[1], best[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", nargs="+", default=["int8"], help="K = V format: bf16 int8 nvfp4 iso3")
@@ -78,9 +105,11 @@ def main() -> None:
                                   args.ptxas, maxrregcount=cap or 0)
             regs = re.search(r"Used (\d+) registers", " ".join(info))
             spill = re.search(r"(\d+) bytes spill stores", " ".join(info))
+            n, mmas = chunk_loop(sass) if sass else (0, 0)
+            per16 = f"loop {n * 2 // (tiles or 2):4d} a 16 tokens ({mmas} MMAs) | " if n else ""
             print(f"{name:6s} G {args.G} d {args.D} {build:8s} {regs.group(1) if regs else '?':>4s} registers, "
-                  f"{spill.group(1) if spill else '?':>4s} B spilled | {load_mma_runs(sass) if sass else '(no nvdisasm)'}",
-                  flush=True)
+                  f"{spill.group(1) if spill else '?':>4s} B spilled | {per16}"
+                  f"{load_mma_runs(sass) if sass else '(no nvdisasm)'}", flush=True)
 
 
 if __name__ == "__main__":
