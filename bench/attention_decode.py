@@ -75,7 +75,8 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # 16 tokens a k16 step instead of two, no zero rows of q, P transposed by movmatrix; 4-bit and bf16
 # keys; session 27, offline), "tmnobulk" the same without the ring, "bulkt4" the ring with 32-token
 # chunks at 128 registers (nvfp4: 20 spilled bytes), "tmbulkt4" with tm too (no spill; ptxas 13.0:
-# nvfp4's chunk loop 602 instructions a 16 tokens against the default's 785, iso3 714 against 926).
+# nvfp4's chunk loop 602 instructions a 16 tokens against the default's 785, iso3 714 against 926),
+# "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 188 B spilled, loop 639).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -93,7 +94,8 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "nobulk": {"kernel": "mma", "mma_bulk": False},
        "tm": {"kernel": "mma", "mma_tm": True}, "tmnobulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": False},
        "bulkt4": {"kernel": "mma", "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
-       "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}}
+       "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
+       "tmbulkt4r96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 96}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
 # @qs96: int8 before 693f8b1's qs128 default and the 5-block candidate; @k8off, @ws128: slower), and
