@@ -272,6 +272,14 @@ def test_tokens_on_rows_decode(kernel, kname, vname, G, D, L, P, qscale):
     np.testing.assert_allclose(res[0], plain[0], rtol=0, atol=4 * float(res[3].max()) + 1e-6)
 
 
+@SIM_SLOW
+def test_tokens_on_rows_same_through_every_loop():
+    """tm's arithmetic does not depend on how the chunks arrive: the plain loop, the pipelined one
+    and the bulk ring give bitwise the same output, holes and a part last page included."""
+    _decode_builds_equal(Q.NVFP4, Q.BF16, 150, 16, 3, [{"mma_tm": True}, {"mma_tm": True, "mma_pipe": True},
+                                                        {"mma_tm": True, "mma_bulk": True}], holes=[(0, 2), (1, 5)])
+
+
 def test_tokens_on_rows_refuses_int8():
     with pytest.raises(ValueError, match="tm needs"):
         M.get_kernel(Q.INT8, Q.NVFP4, 4, 64, tm=True)
