@@ -220,6 +220,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     RING = RING if BULK else 1
     SMA_, SMM_, NBAR = (1, 1, NWARPS * STG) if BULK else (SMA, SMM, 1)  # the merge's own arrays; the mbarriers
     LD2, LD4 = (lds2, lds4) if BULK else (ldg2, ldg4)
+    # bulk + tm: each 16-token step's K (and V) words are read from the stage right before its MMAs
+    # instead of the whole chunk's into registers first, so registers do not grow with the chunk
+    STREAM = BULK and bool(tm)
+    KT, VT = (2, 1) if STREAM else (NT, NT2)  # K tiles / V steps held in registers at a time
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
     IX = np.uint64 if u64 else np.int64
@@ -251,74 +255,76 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return kb + min(c0 + r, last)
 
     @cuda.jit(device=True, inline=True)
-    def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid, ko, so):
-        """K of the chunk: lane holds (its part of) the row of token gid of each tile (clamped to
-        the page's last valid row; row r of the page at kb + r; codes from word ko, scales from so
-        on: the bulk ring's stage, else 0)."""
-        for u in range(NT):
+    def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid, ko, so, u0):
+        """K of the chunk's tiles u0 .. u0 + KT - 1 into kreg[0 ..]: lane holds (its part of) the
+        row of token gid of each tile (clamped to the page's last valid row; row r of the page at
+        kb + r; codes from word ko, scales from so on: the bulk ring's stage, else 0)."""
+        for uu in range(KT):
+            u = uu + u0
             row = row_at(kb, c0, 8 * u + gid, last)
             if K4:
                 if WPL % 4 == 0:
                     for m in range(WPL // 4):
                         a, b, c, d = LD4(k_words, ko + row * RWK + tig * WPL + 4 * m)
-                        kreg[u, 4 * m] = a
-                        kreg[u, 4 * m + 1] = b
-                        kreg[u, 4 * m + 2] = c
-                        kreg[u, 4 * m + 3] = d
+                        kreg[uu, 4 * m] = a
+                        kreg[uu, 4 * m + 1] = b
+                        kreg[uu, 4 * m + 2] = c
+                        kreg[uu, 4 * m + 3] = d
                 else:
                     for m in range(WPL // 2):
                         a, b = LD2(k_words, ko + row * RWK + tig * WPL + 2 * m)
-                        kreg[u, 2 * m] = a
-                        kreg[u, 2 * m + 1] = b
+                        kreg[uu, 2 * m] = a
+                        kreg[uu, 2 * m + 1] = b
                 w0 = (tig * GPL) >> 2  # the scale word(s) of this lane's groups (3 groups may straddle two)
-                ksc[u, 0] = k_scales[IX(so + row * SW + w0)]
-                ksc[u, 1] = k_scales[IX(so + row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[u, 0]
+                ksc[uu, 0] = k_scales[IX(so + row * SW + w0)]
+                ksc[uu, 1] = k_scales[IX(so + row * SW + min(w0 + 1, SW - 1))] if GPL == 3 else ksc[uu, 0]
             elif kf == BF16:
                 for s in range(NS):
                     a, b = LD2(k_words, ko + row * RWK + 8 * s + 2 * tig)
-                    kreg[u, 2 * s] = a
-                    kreg[u, 2 * s + 1] = b
+                    kreg[uu, 2 * s] = a
+                    kreg[uu, 2 * s + 1] = b
             else:
                 fl = u32(0) if I8 else u32(0x80808080)  # the fp16 decode's offset; s8 MMAs take the codes
                 for m in range(NS // 4):
                     a, b, c, d = LD4(k_words, ko + row * RWK + tig * NS + 4 * m)
-                    kreg[u, 4 * m] = a ^ fl
-                    kreg[u, 4 * m + 1] = b ^ fl
-                    kreg[u, 4 * m + 2] = c ^ fl
-                    kreg[u, 4 * m + 3] = d ^ fl
+                    kreg[uu, 4 * m] = a ^ fl
+                    kreg[uu, 4 * m + 1] = b ^ fl
+                    kreg[uu, 4 * m + 2] = c ^ fl
+                    kreg[uu, 4 * m + 3] = d ^ fl
                 for i in range(2):  # row scales of the tokens of this lane's columns
-                    krs[u, i] = rd_f32(k_scales, IX(so + kb + min(c0 + 8 * u + 2 * tig + i, last)))
+                    krs[uu, i] = rd_f32(k_scales, IX(so + kb + min(c0 + 8 * u + 2 * tig + i, last)))
 
     @cuda.jit(device=True, inline=True)
-    def load_v(v_words, v_scales, vreg, vsc, vrs, vb, c0, last, tig, gid, vo, so):
-        """V code words (and scales) of the chunk: tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each
-        16-token step (clamped to the page's last valid row), the words of this lane's dims (codes
-        from word vo, scales from so on, as load_k)."""
-        for v in range(NT2):
+    def load_v(v_words, v_scales, vreg, vsc, vrs, vb, c0, last, tig, gid, vo, so, v0):
+        """V code words (and scales) of the chunk's 16-token steps v0 .. v0 + VT - 1 into vreg[0 ..]:
+        tokens 2tig, 2tig+1, 2tig+8, 2tig+9 of each step (clamped to the page's last valid row), the
+        words of this lane's dims (codes from word vo, scales from so on, as load_k)."""
+        for vv in range(VT):
+            v = vv + v0
             for i in range(4):
                 row = row_at(vb, c0, 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
                 if vf == INT8 and VW % 4 == 0:
                     for m in range(VW // 4):
                         a, b, c, d = LD4(v_words, vo + row * RWV + gid * VW + 4 * m)
-                        vreg[v, i, 4 * m] = a ^ u32(0x80808080)
-                        vreg[v, i, 4 * m + 1] = b ^ u32(0x80808080)
-                        vreg[v, i, 4 * m + 2] = c ^ u32(0x80808080)
-                        vreg[v, i, 4 * m + 3] = d ^ u32(0x80808080)
+                        vreg[vv, i, 4 * m] = a ^ u32(0x80808080)
+                        vreg[vv, i, 4 * m + 1] = b ^ u32(0x80808080)
+                        vreg[vv, i, 4 * m + 2] = c ^ u32(0x80808080)
+                        vreg[vv, i, 4 * m + 3] = d ^ u32(0x80808080)
                 elif vf == INT8:
                     for m in range(VW // 2):
                         a, b = LD2(v_words, vo + row * RWV + gid * VW + 2 * m)
-                        vreg[v, i, 2 * m] = a ^ u32(0x80808080)
-                        vreg[v, i, 2 * m + 1] = b ^ u32(0x80808080)
+                        vreg[vv, i, 2 * m] = a ^ u32(0x80808080)
+                        vreg[vv, i, 2 * m + 1] = b ^ u32(0x80808080)
                 for j in range(VW):
                     if V4:
-                        vreg[v, i, j] = v_words[IX(vo + row * RWV + gid + 8 * j)]
+                        vreg[vv, i, j] = v_words[IX(vo + row * RWV + gid + 8 * j)]
                     elif vf == BF16:
-                        vreg[v, i, j] = v_words[IX(vo + row * RWV + 8 * j + gid)]
+                        vreg[vv, i, j] = v_words[IX(vo + row * RWV + 8 * j + gid)]
                 if V4:
                     for w in range(SW):
-                        vsc[v, i, w] = v_scales[IX(so + row * SW + w)]
+                        vsc[vv, i, w] = v_scales[IX(so + row * SW + w)]
                 elif vf == INT8:
-                    vrs[v, i] = rd_f32(v_scales, IX(so + row))
+                    vrs[vv, i] = rd_f32(v_scales, IX(so + row))
 
     @cuda.jit(device=True, inline=True)
     def k_operand(kreg, ksc, u, s, kb0):
@@ -332,17 +338,21 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return kreg[u, 2 * s], kreg[u, 2 * s + 1]  # bf16
 
     @cuda.jit(device=True, inline=True)
-    def scores_tm(qa, kreg, ksc, sv, kc, c0, nval, tig, gid, ql):
-        """tm's K phase: S[tok, g] of 16 tokens a step into sv[u, i] = S[c0 + 8u + gid, 2tig + i]."""
+    def scores_tm(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, sb):
+        """tm's K phase: S[tok, g] of 16 tokens a step into sv[u, i] = S[c0 + 8u + gid, 2tig + i]
+        (STREAM: each step's two tiles read from the stage at word sb first)."""
         kb0 = u32((tig * GPL) & 3)
         for w in range(NT2):
+            ku = 0 if STREAM else 2 * w  # the step's first tile in kreg
+            if STREAM:
+                load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW, 2 * w)
             c_0 = f32(0.0)
             c_1 = f32(0.0)
             c_2 = f32(0.0)
             c_3 = f32(0.0)
             for s in range(NS):
-                a0, a2 = k_operand(kreg, ksc, 2 * w, s, kb0)
-                a1, a3 = k_operand(kreg, ksc, 2 * w + 1, s, kb0)
+                a0, a2 = k_operand(kreg, ksc, ku, s, kb0)
+                a1, a3 = k_operand(kreg, ksc, ku + 1, s, kb0)
                 c_0, c_1, c_2, c_3 = mma_k(a0, a1, a2, a3, qa[0, s, ql], qa[1, s, ql], c_0, c_1, c_2, c_3)
             if K4:
                 c_0 *= kc
@@ -398,11 +408,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             sv[u, 1] = x1 if tok + 1 < nval else _NEG_INF
 
     @cuda.jit(device=True, inline=True)
-    def k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql):
+    def k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, sb):
         if I8:
             scores_i8(qa, kreg, krs, sv, kc, c0, nval, tig, ql)
         elif TM:
-            scores_tm(qa, kreg, ksc, sv, kc, c0, nval, tig, gid, ql)
+            scores_tm(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, sb)
         else:
             scores(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, ql)
 
@@ -465,7 +475,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return m, (l if tig == 0 else f32(0.0))
 
     @cuda.jit(device=True, inline=True)
-    def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid):
+    def softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid, ring, sb, c0, last):
         """Online softmax of the chunk's scores, then O^T += V^T P^T per 16-token step; returns the
         new (m_run, l_run) of row g = gid. With tm the state is ml's instead (updated): the running
         max and this lane's share of the sum of heads 2tig, 2tig + 1 (m, m', l, l')."""
@@ -473,7 +483,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             softmax_tm(sv, acc, ml)
         else:
             m_run, l_run = softmax_rows(sv, acc, m_run, l_run, tig)
-        pv(sv, vreg, vsc, vrs, acc, tig, gid)
+        pv(sv, vreg, vsc, vrs, acc, tig, gid, ring, sb, c0, last)
         return m_run, l_run
 
     @cuda.jit(device=True, inline=True)
@@ -505,11 +515,15 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return m_run, l_run
 
     @cuda.jit(device=True, inline=True)
-    def pv(sv, vreg, vsc, vrs, acc, tig, gid):
-        """O^T += V^T P^T per 16-token step of the chunk (sv: its p)."""
+    def pv(sv, vreg, vsc, vrs, acc, tig, gid, ring, sb, c0, last):
+        """O^T += V^T P^T per 16-token step of the chunk (sv: its p; STREAM: each step's V read from
+        the stage at word sb first)."""
         bsel = u32(gid >> 1)  # V: this lane's scale byte within word j >> 2
         vsel = bsel | ((bsel + 4) << 4)
         for v in range(NT2):
+            vv = 0 if STREAM else v  # the step in vreg
+            if STREAM:
+                load_v(ring, ring, vreg, vsc, vrs, -c0, c0, last, tig, gid, sb + SKW, sb + SKW + SVW + SKS, v)
             p0 = sv[2 * v, 0]  # tokens 2tig, 2tig+1 | 2tig+8, 2tig+9 of the step
             p1 = sv[2 * v, 1]
             p2 = sv[2 * v + 1, 0]
@@ -518,34 +532,34 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 bb0 = movm_t(pack_v(p0, p1))
                 bb1 = movm_t(pack_v(p2, p3))
             elif vf == INT8:
-                bb0 = pack_v(p0 * vrs[v, 0], p1 * vrs[v, 1])
-                bb1 = pack_v(p2 * vrs[v, 2], p3 * vrs[v, 3])
+                bb0 = pack_v(p0 * vrs[vv, 0], p1 * vrs[vv, 1])
+                bb1 = pack_v(p2 * vrs[vv, 2], p3 * vrs[vv, 3])
             else:
                 bb0 = pack_v(p0, p1)
                 bb1 = pack_v(p2, p3)
             for j in range(NS):
                 if V4:  # scales of tokens t0 | t1 (a0, a1) and t2 | t3 (a2, a3) into A
                     w = j >> 2
-                    sp01 = e4m3x2(vsc[v, 0, w], vsc[v, 1, w], vsel)
-                    sp23 = e4m3x2(vsc[v, 2, w], vsc[v, 3, w], vsel)
-                    z0 = prmt(vreg[v, 0, w], vreg[v, 1, w], 0x5410)  # low halves: nibble j & 3
-                    z1 = prmt(vreg[v, 0, w], vreg[v, 1, w], 0x7632)  # high halves: nibble (j & 3) + 4
-                    z2 = prmt(vreg[v, 2, w], vreg[v, 3, w], 0x5410)
-                    z3 = prmt(vreg[v, 2, w], vreg[v, 3, w], 0x7632)
+                    sp01 = e4m3x2(vsc[vv, 0, w], vsc[vv, 1, w], vsel)
+                    sp23 = e4m3x2(vsc[vv, 2, w], vsc[vv, 3, w], vsel)
+                    z0 = prmt(vreg[vv, 0, w], vreg[vv, 1, w], 0x5410)  # low halves: nibble j & 3
+                    z1 = prmt(vreg[vv, 0, w], vreg[vv, 1, w], 0x7632)  # high halves: nibble (j & 3) + 4
+                    z2 = prmt(vreg[vv, 2, w], vreg[vv, 3, w], 0x5410)
+                    z3 = prmt(vreg[vv, 2, w], vreg[vv, 3, w], 0x7632)
                     a0 = mul_f16x2(dec_v(z0, j & 3), sp01)
                     a1 = mul_f16x2(dec_v(z1, j & 3), sp01)
                     a2 = mul_f16x2(dec_v(z2, j & 3), sp23)
                     a3 = mul_f16x2(dec_v(z3, j & 3), sp23)
                 elif vf == BF16:
-                    a0 = prmt(vreg[v, 0, j], vreg[v, 1, j], 0x5410)
-                    a1 = prmt(vreg[v, 0, j], vreg[v, 1, j], 0x7632)
-                    a2 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x5410)
-                    a3 = prmt(vreg[v, 2, j], vreg[v, 3, j], 0x7632)
+                    a0 = prmt(vreg[vv, 0, j], vreg[vv, 1, j], 0x5410)
+                    a1 = prmt(vreg[vv, 0, j], vreg[vv, 1, j], 0x7632)
+                    a2 = prmt(vreg[vv, 2, j], vreg[vv, 3, j], 0x5410)
+                    a3 = prmt(vreg[vv, 2, j], vreg[vv, 3, j], 0x7632)
                 else:  # bytes b, b + 1 of word j >> 1 of two tokens: (t0 b, t1 b, t0 b+1, t1 b+1)
                     b = 2 * (j & 1)
                     sel = u32(b | ((4 + b) << 4) | ((b + 1) << 8) | ((5 + b) << 12))
-                    z01 = prmt(vreg[v, 0, j >> 1], vreg[v, 1, j >> 1], sel)
-                    z23 = prmt(vreg[v, 2, j >> 1], vreg[v, 3, j >> 1], sel)
+                    z01 = prmt(vreg[vv, 0, j >> 1], vreg[vv, 1, j >> 1], sel)
+                    z23 = prmt(vreg[vv, 2, j >> 1], vreg[vv, 3, j >> 1], sel)
                     a0 = dec_i8(z01, 0x5140)
                     a1 = dec_i8(z01, 0x7362)
                     a2 = dec_i8(z23, 0x5140)
@@ -718,13 +732,13 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         ml[1] = _NEG_INF
         ml[2] = f32(0.0)
         ml[3] = f32(0.0)
-        kreg = cuda.local.array((NT, KW), np.uint32)
-        ksc = cuda.local.array((NT, 2), np.uint32)
-        krs = cuda.local.array((NT, 2), np.float32)
+        kreg = cuda.local.array((KT, KW), np.uint32)
+        ksc = cuda.local.array((KT, 2), np.uint32)
+        krs = cuda.local.array((KT, 2), np.float32)
         sv = cuda.local.array((NT, 2), np.float32)
-        vreg = cuda.local.array((NT2, 4, VW), np.uint32)
-        vsc = cuda.local.array((NT2, 4, SW), np.uint32)
-        vrs = cuda.local.array((NT2, 4), np.float32)
+        vreg = cuda.local.array((VT, 4, VW), np.uint32)
+        vsc = cuda.local.array((VT, 4, SW), np.uint32)
+        vrs = cuda.local.array((VT, 4), np.float32)
         if SIMULATED:  # (the simulator refuses an alignment)
             ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; the merge reuses it
         else:
@@ -754,10 +768,13 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 b0 = wb + (it & 1)
                 sb = b0 * STW
                 mbar_wait(bars, b0, (it >> 1) & 1)
-                load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW)
-                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
-                load_v(ring, ring, vreg, vsc, vrs, -c0, c0, nval - 1, tig, gid, sb + SKW, sb + SKW + SVW + SKS)
-                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
+                if not STREAM:
+                    load_k(ring, ring, kreg, ksc, krs, -c0, c0, nval - 1, tig, gid, sb, sb + SKW + SVW, 0)
+                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, sb)
+                if not STREAM:
+                    load_v(ring, ring, vreg, vsc, vrs, -c0, c0, nval - 1, tig, gid, sb + SKW, sb + SKW + SVW + SKS, 0)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid, ring, sb, c0,
+                                          nval - 1)
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
                 it += 1
             cuda.syncthreads()  # every warp is done with its ring: the merge below reuses it
@@ -767,17 +784,17 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             # previous use just freed), so a warp's own work covers its load latency.
             p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
             if p < p_end:
-                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid, 0, 0)
-                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0)
+                load_k(k_words, k_scales, kreg, ksc, krs, pk * P, 0, nval - 1, tig, gid, 0, 0, 0)
+                load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0, 0)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
-                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
+                k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, 0)
                 p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
-                    load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid, 0, 0)
-                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk1 * P, c1, nval1 - 1, tig, gid, 0, 0, 0)
+                m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid, ring, 0, c0, 0)
                 if p1 < p_end:
-                    load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid, 0, 0)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv1 * P, c1, nval1 - 1, tig, gid, 0, 0, 0)
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
         else:
             for p in range(p_begin, p_end):
@@ -787,10 +804,10 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                     continue  # -1 unallocated; <= -2 cold slot (not decoded here yet)
                 nval = min(P, L - p * P)
                 for c0 in range(0, nval, CH):
-                    load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid, 0, 0)
-                    k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql)
-                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid, 0, 0)
-                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid)
+                    load_k(k_words, k_scales, kreg, ksc, krs, pk * P, c0, nval - 1, tig, gid, 0, 0, 0)
+                    k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, 0)
+                    load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, c0, nval - 1, tig, gid, 0, 0, 0)
+                    m_run, l_run = softmax_pv(sv, vreg, vsc, vrs, acc, m_run, l_run, ml, tig, gid, ring, 0, c0, 0)
 
         # ---------------- the block's partial: the NWARPS warps' (m, l, acc) merged in shared
         # memory, so the workspace holds one split per block (4x fewer for the reduce kernel)
