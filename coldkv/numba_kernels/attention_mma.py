@@ -246,13 +246,15 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         return bits_f32(arr[i]) if BULK else f32(arr[i])
 
     @cuda.jit(device=True, inline=True)
-    def row_at(kb, c0, r, last):
-        """Row r of the chunk at c0, clamped to the page's last valid one: the pool's, kb + page row
-        (kb = -c0 with bulk: the stage's), or with bulk and tm the stage's in 32 bits (ptxas 13.0:
-        20-50 fewer instructions a chunk with tm; the plain bulk build spills 8 bytes with them)."""
+    def row_at(kb, c0, r0, r1, last):
+        """Row r0 + r1 of the chunk at c0, clamped to the page's last valid one: the pool's, kb + page
+        row (kb = -c0 with bulk: the stage's), or with bulk and tm the stage's in 32 bits (ptxas 13.0:
+        20-50 fewer instructions a chunk with tm; the plain bulk build spills 8 bytes with them).
+        (c0 + r0) + r1 as the builds measured before tm added it: int8's loop is 11 instructions
+        shorter summed as c0 + (r0 + r1), a change nobody has timed.)"""
         if BULK and TM:
-            return i32(min(i32(r), i32(last - c0)))
-        return kb + min(c0 + r, last)
+            return i32(min(i32(r0 + r1), i32(last - c0)))
+        return kb + min(c0 + r0 + r1, last)
 
     @cuda.jit(device=True, inline=True)
     def load_k(k_words, k_scales, kreg, ksc, krs, kb, c0, last, tig, gid, ko, so, u0):
@@ -261,7 +263,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         kb + r; codes from word ko, scales from so on: the bulk ring's stage, else 0)."""
         for uu in range(KT):
             u = uu + u0
-            row = row_at(kb, c0, 8 * u + gid, last)
+            row = row_at(kb, c0, 8 * u, gid, last)
             if K4:
                 if WPL % 4 == 0:
                     for m in range(WPL // 4):
@@ -302,7 +304,7 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         for vv in range(VT):
             v = vv + v0
             for i in range(4):
-                row = row_at(vb, c0, 16 * v + 2 * tig + (i & 1) + 8 * (i >> 1), last)
+                row = row_at(vb, c0, 16 * v, 2 * tig + (i & 1) + 8 * (i >> 1), last)
                 if vf == INT8 and VW % 4 == 0:
                     for m in range(VW // 4):
                         a, b, c, d = LD4(v_words, vo + row * RWV + gid * VW + 4 * m)
