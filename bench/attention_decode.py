@@ -75,8 +75,8 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # 16 tokens a k16 step instead of two, no zero rows of q, P transposed by movmatrix; 4-bit and bf16
 # keys; session 27, offline), "tmnobulk" the same without the ring, "bulkt4" the ring with 32-token
 # chunks at 128 registers (nvfp4: 20 spilled bytes), "tmbulkt4" with tm too (no spill; ptxas 13.0:
-# nvfp4's chunk loop 602 instructions a 16 tokens against the default's 785, iso3 714 against 926),
-# "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 188 B spilled, loop 639).
+# nvfp4's chunk loop 587 instructions a 16 tokens against the default's 785, iso3 698 against 926),
+# "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 204 B spilled, loop 612).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -99,7 +99,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
 # @qs96: int8 before 693f8b1's qs128 default and the 5-block candidate; @k8off, @ws128: slower), and
-# session 27's tokens-on-rows builds (offline SASS: tmbulkt4 ~23% fewer instructions a token)
+# session 27's tokens-on-rows builds (offline SASS: tmbulkt4 ~25% fewer instructions a token)
 DEFAULT_VARIANTS = ["nvfp4@nobulk", "iso3@nobulk", "nvfp4/iso3@nobulk", "int8@bulk", "nvfp4@tm", "nvfp4@bulkt4",
                     "nvfp4@tmbulkt4", "iso3@tmbulkt4", "nvfp4/iso3@tmbulkt4"]
 SHAPES = [(32, 8, 128), (24, 4, 256)]
