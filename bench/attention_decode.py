@@ -76,7 +76,9 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # keys; session 27, offline), "tmnobulk" the same without the ring, "bulkt4" the ring with 32-token
 # chunks at 128 registers (nvfp4: 20 spilled bytes), "tmbulkt4" with tm too (no spill; ptxas 13.0:
 # nvfp4's chunk loop 587 instructions a 16 tokens against the default's 785, iso3 698 against 926),
-# "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 204 B spilled, loop 612).
+# "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 204 B spilled, loop 612), "tmr168" tm at
+# 168 registers (24/4/256: 3 blocks an SM instead of the default's 2 at 190 registers; no spill, loop
+# 970 against 1040 for nvfp4, 1194 against 1264 for iso3).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -95,7 +97,8 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "tm": {"kernel": "mma", "mma_tm": True}, "tmnobulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": False},
        "bulkt4": {"kernel": "mma", "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
        "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
-       "tmbulkt4r96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 96}}
+       "tmbulkt4r96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 96},
+       "tmr168": {"kernel": "mma", "mma_tm": True, "max_registers": 168}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
 # @qs96: int8 before 693f8b1's qs128 default and the 5-block candidate; @k8off, @ws128: slower), and
