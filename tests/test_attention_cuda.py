@@ -117,7 +117,10 @@ def _kernel_kw(kernel):
             "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
             # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
             "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
-                          "max_registers": 128}}.get(kernel, {"kernel": kernel})
+                          "max_registers": 128},
+            # through the ring with q in shared memory at 96 registers (bench's tmqs96)
+            "mma_tm_qs96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_qsmem": True,
+                            "max_registers": 96}}.get(kernel, {"kernel": kernel})
 
 
 def references(q, kd, vd, pos0, sm, kf, vf, kernel):
@@ -274,10 +277,13 @@ def test_tokens_on_rows_decode(kernel, kname, vname, G, D, L, P, qscale):
 
 @SIM_SLOW
 def test_tokens_on_rows_same_through_every_loop():
-    """tm's arithmetic does not depend on how the chunks arrive: the plain loop, the pipelined one
-    and the bulk ring give bitwise the same output, holes and a part last page included."""
+    """tm's arithmetic does not depend on how the chunks arrive or where q is held: the plain loop,
+    the pipelined one and the bulk ring (q in registers or in shared memory) give bitwise the same
+    output, holes and a part last page included."""
     _decode_builds_equal(Q.NVFP4, Q.BF16, 150, 16, 3, [{"mma_tm": True}, {"mma_tm": True, "mma_pipe": True},
-                                                        {"mma_tm": True, "mma_bulk": True}], holes=[(0, 2), (1, 5)])
+                                                        {"mma_tm": True, "mma_bulk": True},
+                                                        {"mma_tm": True, "mma_bulk": True, "mma_qsmem": True}],
+                         holes=[(0, 2), (1, 5)])
 
 
 def test_tokens_on_rows_refuses_int8():
@@ -624,7 +630,8 @@ def test_gpu_decode_bulk_ring(kname, vname, G, D):
     ("mma_tm", "nvfp4", "nvfp4", 4, 128), ("mma_tm", "iso3", "iso3", 4, 128), ("mma_tm", "bf16", "bf16", 4, 128),
     ("mma_tm", "nvfp4", "nvfp4", 6, 256), ("mma_tm", "bf16", "nvfp4", 8, 64), ("mma_tm", "iso3", "bf16", 1, 64),
     ("mma_tm_t4", "nvfp4", "nvfp4", 4, 128), ("mma_tm_t4", "nvfp4", "iso3", 4, 128),
-    ("mma_tm_t4", "iso3", "iso3", 4, 128), ("mma_tm_t4", "nvfp4", "bf16", 3, 64)])
+    ("mma_tm_t4", "iso3", "iso3", 4, 128), ("mma_tm_t4", "nvfp4", "bf16", 3, 64),
+    ("mma_tm_qs96", "nvfp4", "nvfp4", 4, 128), ("mma_tm_qs96", "nvfp4", "iso3", 4, 128)])
 def test_gpu_decode_tokens_on_rows(kernel, kname, vname, G, D):
     """Tokens on the K product's MMA rows (movmatrix on the device): against the reference over
     20017 tokens, and close to the plain build (not bitwise: each lane sums its share of p first)."""
