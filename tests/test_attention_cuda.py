@@ -267,12 +267,16 @@ def test_tokens_on_rows_decode(kernel, kname, vname, G, D, L, P, qscale):
     """mma_tm: the K product with 16 tokens on the MMA rows and the heads on its columns; the
     softmax then runs per head pair over 8 lanes and movmatrix (emulated) transposes P for the V
     product. Against the reference, and within the rounding of the plain build's output."""
-    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=1, P=P, seed=L + G, qscale=qscale,
-                   ws=A.AttentionWorkspace(16, 1, G, D), kernel=kernel)
-    check(*res)
-    plain = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=1, P=P, seed=L + G, qscale=qscale,
-                     ws=A.AttentionWorkspace(16, 1, G, D), kernel="mma")
-    np.testing.assert_allclose(res[0], plain[0], rtol=0, atol=4 * float(res[3].max()) + 1e-6)
+    _tm_case(kernel, kname, vname, G, D, L, 1, P, L + G, 16, qscale)
+
+
+def _tm_case(kernel, kname, vname, G, D, L, H, P, seed, splits, qscale=1.0):
+    """A tm build on a fresh cache: within the reference's bound, and within 4x its p-rounding term
+    of the plain build's output on the same cache (not bitwise: each lane sums its share of p first)."""
+    tm, plain = (run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=H, P=P, seed=seed, qscale=qscale,
+                          ws=A.AttentionWorkspace(splits, 1, G * H, D), kernel=k) for k in (kernel, "mma"))
+    check(*tm)
+    np.testing.assert_allclose(tm[0], plain[0], rtol=0, atol=4 * float(tm[3].max()) + 1e-6)
 
 
 @SIM_SLOW
@@ -634,13 +638,8 @@ def test_gpu_decode_bulk_ring(kname, vname, G, D):
     ("mma_tm_qs96", "nvfp4", "nvfp4", 4, 128), ("mma_tm_qs96", "nvfp4", "iso3", 4, 128)])
 def test_gpu_decode_tokens_on_rows(kernel, kname, vname, G, D):
     """Tokens on the K product's MMA rows (movmatrix on the device): against the reference over
-    20017 tokens, and close to the plain build (not bitwise: each lane sums its share of p first)."""
-    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
-                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel=kernel)
-    check(*res)
-    plain = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
-                     ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma")
-    np.testing.assert_allclose(res[0], plain[0], rtol=0, atol=4 * float(res[3].max()) + 1e-6)
+    20017 tokens, and close to the plain build."""
+    _tm_case(kernel, kname, vname, G, D, 20000 + 17, 2, 64, G + D, 1024)
 
 
 @pytest.mark.gpu

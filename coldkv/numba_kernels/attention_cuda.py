@@ -878,11 +878,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                                  f"tokens, got {P}")
             mma_bulk = False
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
-                                        k8, mma_qsmem, bool(mma_bulk), bool(mma_tm))
+                                        k8, mma_qsmem, bool(mma_bulk), mma_tm)
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk), bool(mma_tm))
+                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk), mma_tm)
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)

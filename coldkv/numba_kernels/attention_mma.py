@@ -212,17 +212,16 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     if BULK and pipe:
         raise ValueError("attention_mma: bulk is its own pipeline (no pipe)")
     STG = STAGES
-    KSR = SW if K4 else 1  # scale words per row (int8: one float32)
-    VSR = SW if V4 else 1
     # a stage: [K codes | V codes | K scales | V scales] of a chunk, in words
     (SKW, SVW, SKS, SVS), RING = _ring_layout(kf, vf, G, D, nt)
+    KSR, VSR = SKS // CH, SVS // CH  # scale words per row (int8: one float32; bf16: none)
     STW = SKW + SVW + SKS + SVS  # words of a stage (a multiple of 16: 64-byte aligned stages)
     RING = RING if BULK else 1
     SMA_, SMM_, NBAR = (1, 1, NWARPS * STG) if BULK else (SMA, SMM, 1)  # the merge's own arrays; the mbarriers
     LD2, LD4 = (lds2, lds4) if BULK else (ldg2, ldg4)
     # bulk + tm: each 16-token step's K (and V) words are read from the stage right before its MMAs
     # instead of the whole chunk's into registers first, so registers do not grow with the chunk
-    STREAM = BULK and bool(tm)
+    STREAM = BULK and TM
     KT, VT = (2, 1) if STREAM else (NT, NT2)  # K tiles / V steps held in registers at a time
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
