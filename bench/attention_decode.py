@@ -79,7 +79,8 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # "tmbulkt4r96" at 96 registers (5 blocks an SM instead of 4; 204 B spilled, loop 612), "tmr168" tm at
 # 168 registers (24/4/256: 3 blocks an SM instead of the default's 2 at 190 registers; no spill, loop
 # 970 against 1040 for nvfp4, 1194 against 1264 for iso3), "tmqs96" tm through the ring with q in shared
-# memory at 96 registers (5 blocks an SM; nvfp4: 8 B spilled, loop 763 a 16 tokens).
+# memory at 96 registers (5 blocks an SM; nvfp4: 8 B spilled, loop 763 a 16 tokens), "tmbr168" tmr168
+# through the ring.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -100,6 +101,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
        "tmbulkt4r96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 96},
        "tmr168": {"kernel": "mma", "mma_tm": True, "max_registers": 168},
+       "tmbr168": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "max_registers": 168},
        "tmqs96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_qsmem": True, "max_registers": 96}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before the bulk ring, int8 with it (@r128,
