@@ -114,6 +114,7 @@ def _kernel_kw(kernel):
             "mma_bulk": {"kernel": "mma", "mma_bulk": True},
             # the K product with tokens on the MMA rows, P transposed by movmatrix
             "mma_tm": {"kernel": "mma", "mma_tm": True},
+            "mma_notm": {"kernel": "mma", "mma_tm": False},  # the 4-bit formats' default is tm at G 4 / 6
             "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
             # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
             "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
@@ -274,7 +275,7 @@ def _tm_case(kernel, kname, vname, G, D, L, H, P, seed, splits, qscale=1.0):
     """A tm build on a fresh cache: within the reference's bound, and within 4x its p-rounding term
     of the plain build's output on the same cache (not bitwise: each lane sums its share of p first)."""
     tm, plain = (run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=H, P=P, seed=seed, qscale=qscale,
-                          ws=A.AttentionWorkspace(splits, 1, G * H, D), kernel=k) for k in (kernel, "mma"))
+                          ws=A.AttentionWorkspace(splits, 1, G * H, D), kernel=k) for k in (kernel, "mma_notm"))
     check(*tm)
     np.testing.assert_allclose(tm[0], plain[0], rtol=0, atol=4 * float(tm[3].max()) + 1e-6)
 

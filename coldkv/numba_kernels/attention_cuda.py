@@ -616,11 +616,19 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # The 4-bit formats read their pages through the bulk ring (cp.async.bulk into shared memory): H100 at
 # 167bb55, 131072 tokens, nvfp4 98.2 -> 90.7 us, iso3 108.5 -> 103.0, nvfp4/iso3 103.0 -> 96.6; int8 123.3
 # -> 125.2, so not int8 (bench/results/logs/decode_bulk_h100_167bb55.json).
+# The 4-bit formats put K's tokens on the MMA rows (tm), H100 at c22a5fb, graph replay us
+# (bench/results/logs/decode_tm_h100_c22a5fb.json): 32/8/128 at 131072 / 360000 tokens nvfp4 89.8 ->
+# 85.5 / 211.2 -> 195.7, iso3 101.6 -> 94.9 / 243.4 -> 224.8, nvfp4/iso3 95.7 -> 89.8 / 227.4 -> 209.1
+# (bf16 198.9 either way); 24/4/256 with the ring at 168 registers (3 blocks an SM instead of 2)
+# nvfp4 117.2 -> 98.7 / 261.6 -> 191.2, iso3 129.4 -> 107.4 / 296.1 -> 218.2.
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
-              (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True, False),
+              (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True, True),
               (INT8, INT8, 4, 128): (0, 128, False, True, False, False),
-              (ISO3, ISO3, 4, 128): (0, 128, False, False, True, False),
-              (NVFP4, ISO3, 4, 128): (0, 128, False, False, True, False)}
+              (ISO3, ISO3, 4, 128): (0, 128, False, False, True, True),
+              (NVFP4, ISO3, 4, 128): (0, 128, False, False, True, True),
+              (NVFP4, NVFP4, 6, 256): (0, 168, False, False, True, True),
+              (ISO3, ISO3, 6, 256): (0, 168, False, False, True, True),
+              (NVFP4, ISO3, 6, 256): (0, 168, False, False, True, True)}
 
 
 def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
