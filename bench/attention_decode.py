@@ -187,38 +187,11 @@ class Case:
         """The same call captured once in a CUDA graph in device-position mode (pos0 an int32[1]
         device array, plan_len = L): (stream, replay function, destroy function). Replays time the
         GPU work without the Python launch cost (a decode step is replayed as one graph)."""
-        from cuda.bindings import driver as cu
-
-        def ok(res):
-            if res[0] != cu.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"CUDA driver error {res[0]}")
-            return res[1] if len(res) > 1 else None
-
-        torch = self.torch
-        s = torch.cuda.Stream()
-        nb = cuda.external_stream(s.cuda_stream)
         self.pos_dev = cuda.to_device(np.array([self.L - 1], np.int32))
         args = list(self.args)
         args[2] = self.pos_dev
-
-        def launch():
-            A.paged_attention_cuda(*args, self.ws, stream=nb, plan_len=self.L, **self.kw)
-
-        launch()  # compiles the device-position kernel outside the capture
-        s.synchronize()
-        h = cu.CUstream(s.cuda_stream)
-        ok(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-        try:
-            launch()
-        finally:  # never leave the stream capturing
-            g = ok(cu.cuStreamEndCapture(h))
-        gx = ok(cu.cuGraphInstantiate(g, 0))
-
-        def destroy():
-            cu.cuGraphExecDestroy(gx)
-            cu.cuGraphDestroy(g)
-
-        return s, lambda: ok(cu.cuGraphLaunch(gx, h)), destroy
+        return capture_graph(self.torch, lambda nb: A.paged_attention_cuda(*args, self.ws, stream=nb,
+                                                                            plan_len=self.L, **self.kw))
 
     def kv_bytes(self):
         per_tok = sum((c.element_size() * c[0, 0].numel() + s.element_size() * s[0, 0].numel())
@@ -268,6 +241,35 @@ class Case:
 
     def free(self):
         del self.pools_t, self.args, self.ws
+
+
+def capture_graph(torch, launch):
+    """launch(numba stream) captured once in a CUDA graph on a new torch stream, after one eager
+    call outside the capture (which compiles): (stream, replay function, destroy function)."""
+    from cuda.bindings import driver as cu
+
+    def ok(res):
+        if res[0] != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA driver error {res[0]}")
+        return res[1] if len(res) > 1 else None
+
+    s = torch.cuda.Stream()
+    nb = cuda.external_stream(s.cuda_stream)
+    launch(nb)
+    s.synchronize()
+    h = cu.CUstream(s.cuda_stream)
+    ok(cu.cuStreamBeginCapture(h, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+    try:
+        launch(nb)
+    finally:  # never leave the stream capturing
+        g = ok(cu.cuStreamEndCapture(h))
+    gx = ok(cu.cuGraphInstantiate(g, 0))
+
+    def destroy():
+        cu.cuGraphExecDestroy(gx)
+        cu.cuGraphDestroy(g)
+
+    return s, lambda: ok(cu.cuGraphLaunch(gx, h)), destroy
 
 
 def event_time(torch, fn, flush, repeats, spin_cycles=4_000_000):
