@@ -42,7 +42,7 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.jit_cache import cuda_kernel
-from coldkv.numba_kernels.fp import bits_f32
+from coldkv.numba_kernels.fp import bf16_enc, bits_f32, f16_enc
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4, ref_e4m3_decode
 
 __all__ = ["SUPPORTED_FORMATS", "AttentionWorkspace", "paged_attention_cuda", "plan_splits",
@@ -402,8 +402,13 @@ _RED_UNROLL = 4
 _MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
 
 
-@cuda_kernel
-def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
+# what the reduce kernels also write: nothing, or out16 [T, Hq, D] u16 = the output rounded to bf16 / fp16
+# (the o_proj GEMM's input: a decode step then has no round16 launch a layer)
+TO16_NONE, TO16_BF16, TO16_FP16 = 0, 1, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_kernel(to16: int = TO16_NONE):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
     Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. The row max over all
@@ -412,93 +417,111 @@ def _reduce_kernel(ws_acc, ws_ml, n_splits, out):
     any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
     over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
     was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels_log.md, "Decode, session 12".)"""
-    T, Hq, D = out.shape
-    r = cuda.blockIdx.x
-    t = r // Hq
-    hq = r % Hq
-    tid = cuda.threadIdx.x
-    w = tid // 32
-    lane = tid % 32
-    nw = cuda.blockDim.x // 32  # _reduce: from the rows, never from n_splits
-    d = 32 * cuda.blockIdx.y + lane
-    dd = min(d, D - 1)
-    sm_m = cuda.shared.array(RED_WARPS, np.float32)
-    sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
-    sm_den = cuda.shared.array(RED_WARPS, np.float32)
-    M = _NEG_INF
-    for s in range(tid, n_splits, cuda.blockDim.x):
-        M = max(M, ws_ml[s, t, hq, 0])
-    for o in (16, 8, 4, 2, 1):
-        M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, o))
-    if lane == 0:
-        sm_m[w] = M
-    cuda.syncthreads()
-    Mg = _NEG_INF
-    for w2 in range(nw):
-        Mg = max(Mg, sm_m[w2])
-    num = np.float32(0.0)
-    den = np.float32(0.0)
-    last = n_splits - 1
-    rm = cuda.local.array(_RED_UNROLL, np.float32)  # constant indices after unrolling: registers
-    rl = cuda.local.array(_RED_UNROLL, np.float32)
-    ra = cuda.local.array(_RED_UNROLL, np.float32)
-    for s0 in range(w, n_splits, nw * _RED_UNROLL):
-        for u in range(_RED_UNROLL):  # all loads first, straight-line: U splits in flight
-            sc = min(s0 + u * nw, last)
-            rm[u] = ws_ml[sc, t, hq, 0]
-            rl[u] = ws_ml[sc, t, hq, 1]
-            ra[u] = ws_acc[sc, t, hq, dd]
-        for u in range(_RED_UNROLL):
-            # selects, not branches; -inf: an empty split (its acc may be unwritten)
-            ok = s0 + u * nw <= last and rm[u] > _NEG_INF
-            wt = math.exp2(rm[u] - Mg) if ok else np.float32(0.0)
-            den += wt * rl[u] if ok else np.float32(0.0)
-            num += wt * ra[u] if ok else np.float32(0.0)
-    sm_num[w, lane] = num
-    if lane == 0:
-        sm_den[w] = den
-    cuda.syncthreads()
-    if w == 0 and d < D:
-        nsum = np.float32(0.0)
-        dsum = np.float32(0.0)
+    enc = f16_enc if to16 == TO16_FP16 else bf16_enc
+
+    @cuda_kernel
+    def reduce(ws_acc, ws_ml, n_splits, out, out16):
+        T, Hq, D = out.shape
+        r = cuda.blockIdx.x
+        t = r // Hq
+        hq = r % Hq
+        tid = cuda.threadIdx.x
+        w = tid // 32
+        lane = tid % 32
+        nw = cuda.blockDim.x // 32  # _reduce: from the rows, never from n_splits
+        d = 32 * cuda.blockIdx.y + lane
+        dd = min(d, D - 1)
+        sm_m = cuda.shared.array(RED_WARPS, np.float32)
+        sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
+        sm_den = cuda.shared.array(RED_WARPS, np.float32)
+        M = _NEG_INF
+        for s in range(tid, n_splits, cuda.blockDim.x):
+            M = max(M, ws_ml[s, t, hq, 0])
+        for o in (16, 8, 4, 2, 1):
+            M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, o))
+        if lane == 0:
+            sm_m[w] = M
+        cuda.syncthreads()
+        Mg = _NEG_INF
         for w2 in range(nw):
-            nsum += sm_num[w2, lane]
-            dsum += sm_den[w2]
-        out[t, hq, d] = nsum / dsum
+            Mg = max(Mg, sm_m[w2])
+        num = np.float32(0.0)
+        den = np.float32(0.0)
+        last = n_splits - 1
+        rm = cuda.local.array(_RED_UNROLL, np.float32)  # constant indices after unrolling: registers
+        rl = cuda.local.array(_RED_UNROLL, np.float32)
+        ra = cuda.local.array(_RED_UNROLL, np.float32)
+        for s0 in range(w, n_splits, nw * _RED_UNROLL):
+            for u in range(_RED_UNROLL):  # all loads first, straight-line: U splits in flight
+                sc = min(s0 + u * nw, last)
+                rm[u] = ws_ml[sc, t, hq, 0]
+                rl[u] = ws_ml[sc, t, hq, 1]
+                ra[u] = ws_acc[sc, t, hq, dd]
+            for u in range(_RED_UNROLL):
+                # selects, not branches; -inf: an empty split (its acc may be unwritten)
+                ok = s0 + u * nw <= last and rm[u] > _NEG_INF
+                wt = math.exp2(rm[u] - Mg) if ok else np.float32(0.0)
+                den += wt * rl[u] if ok else np.float32(0.0)
+                num += wt * ra[u] if ok else np.float32(0.0)
+        sm_num[w, lane] = num
+        if lane == 0:
+            sm_den[w] = den
+        cuda.syncthreads()
+        if w == 0 and d < D:
+            nsum = np.float32(0.0)
+            dsum = np.float32(0.0)
+            for w2 in range(nw):
+                nsum += sm_num[w2, lane]
+                dsum += sm_den[w2]
+            v = nsum / dsum
+            out[t, hq, d] = v
+            if to16:
+                out16[t, hq, d] = enc(v)
+
+    return reduce
 
 
-@cuda_kernel
-def _reduce_rows_kernel(ws_acc, ws_ml, n_splits, out):
+@functools.lru_cache(maxsize=None)
+def _reduce_rows_kernel(to16: int = TO16_NONE):
     """Prefill chunks (many rows, few splits): a warp per row (t, hq), lane = dims lane, lane + 32,
     ..; the splits in order, no shared memory or barrier. The block-per-(row, 32 dims) kernel above
     spent ~70 us on a 2048-token chunk (32768 blocks of 2 warps, each a few loads between two
     barriers); this one reads the 20 MB in ~10 us. Empty splits (m = -inf, acc unwritten) are
     skipped, so trailing ones change nothing, bitwise."""
-    T, Hq, D = out.shape
-    row = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
-    lane = cuda.threadIdx.x % 32
-    if row >= T * Hq:
-        return
-    t = row // Hq
-    hq = row % Hq
-    M = _NEG_INF
-    for s in range(n_splits):
-        M = max(M, ws_ml[s, t, hq, 0])
-    num = cuda.local.array(_MAX_DW, np.float32)  # constant indices after unrolling: registers
-    for j in range(_MAX_DW):
-        num[j] = np.float32(0.0)
-    den = np.float32(0.0)
-    for s in range(n_splits):
-        m = ws_ml[s, t, hq, 0]
-        if m > _NEG_INF:  # the whole warp agrees: one row
-            wt = math.exp2(m - M)
-            den += wt * ws_ml[s, t, hq, 1]
-            for j in range(_MAX_DW):
-                if 32 * j < D:
-                    num[j] += wt * ws_acc[s, t, hq, lane + 32 * j]
-    for j in range(_MAX_DW):
-        if 32 * j < D:
-            out[t, hq, lane + 32 * j] = num[j] / den
+    enc = f16_enc if to16 == TO16_FP16 else bf16_enc
+
+    @cuda_kernel
+    def reduce_rows(ws_acc, ws_ml, n_splits, out, out16):
+        T, Hq, D = out.shape
+        row = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
+        lane = cuda.threadIdx.x % 32
+        if row >= T * Hq:
+            return
+        t = row // Hq
+        hq = row % Hq
+        M = _NEG_INF
+        for s in range(n_splits):
+            M = max(M, ws_ml[s, t, hq, 0])
+        num = cuda.local.array(_MAX_DW, np.float32)  # constant indices after unrolling: registers
+        for j in range(_MAX_DW):
+            num[j] = np.float32(0.0)
+        den = np.float32(0.0)
+        for s in range(n_splits):
+            m = ws_ml[s, t, hq, 0]
+            if m > _NEG_INF:  # the whole warp agrees: one row
+                wt = math.exp2(m - M)
+                den += wt * ws_ml[s, t, hq, 1]
+                for j in range(_MAX_DW):
+                    if 32 * j < D:
+                        num[j] += wt * ws_acc[s, t, hq, lane + 32 * j]
+        for j in range(_MAX_DW):
+            if 32 * j < D:
+                v = num[j] / den
+                out[t, hq, lane + 32 * j] = v
+                if to16:
+                    out16[t, hq, lane + 32 * j] = enc(v)
+
+    return reduce_rows
 
 
 _RED_ROWS_WARPS = 8
@@ -507,8 +530,9 @@ _RED_ROWS_WARPS = 8
 _SIM_MAX_WARPS = 1  # the simulator runs a Python thread per GPU thread: the same kernel, fewer warps
 
 
-def _reduce(ws_acc, ws_ml, splits, out, stream):
-    """Merge the splits into out. The kernel and its block size follow from the rows only, never
+def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False):
+    """Merge the splits into out (and, given out16 [T, Hq, D] u16, the same rounded to bf16, or
+    fp16 with out16_fp16). The kernel and its block size follow from the rows only, never
     from the split count: a launch planned for a longer cache (device-position / capacity planning)
     adds empty splits, which then add exact zeros in the same order, so its result is bitwise that
     of a launch planned for the actual length (the backend's captured prefill == its per-chunk
@@ -516,11 +540,14 @@ def _reduce(ws_acc, ws_ml, splits, out, stream):
     from numba import config
 
     T, Hq, D = out.shape
+    to16 = TO16_NONE if out16 is None else TO16_FP16 if out16_fp16 else TO16_BF16
+    o16 = out.view(np.uint16) if out16 is None else out16  # the kernel's unused argument when TO16_NONE
     if T * Hq > 256:  # prefill chunks: a warp per row
-        _reduce_rows_kernel[-(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS, stream](ws_acc, ws_ml, splits, out)
+        _reduce_rows_kernel(to16)[-(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS, stream](
+            ws_acc, ws_ml, splits, out, o16)
         return
     warps = min(RED_WARPS, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else RED_WARPS  # decode rows
-    _reduce_kernel[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out)
+    _reduce_kernel(to16)[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out, o16)
 
 
 _KERNELS: dict = {}
@@ -753,11 +780,13 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
-                         mma_tm=None):
+                         mma_tm=None, out16=None, out16_fp16=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
-    Enqueues two kernels on `stream`; no device allocation.
+    Enqueues two kernels on `stream`; no device allocation. out16: None, or a [T, Hq, D] u16 device
+    array that also gets the output rounded to bf16 (fp16 with out16_fp16), written by the split
+    merge (a chunk whose prefill kernel writes out itself gets a round16 launch instead).
 
     pos0: an int, or an int32 device array of shape [1] holding it (device-position mode, for
     CUDA graphs: the kernel reads the position when it runs, so one captured launch serves every
@@ -809,6 +838,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         if pos0.ndim != 1 or pos0.shape[0] < 1 or pos0.dtype != np.int32:
             raise ValueError(f"attention_cuda: a device position is a 1-D int32 array with the position at [0], "
                              f"got {pos0.dtype}{tuple(pos0.shape)}")
+    if out16 is not None and (tuple(out16.shape) != (T, Hq, D) or out16.dtype != np.uint16):
+        raise ValueError(f"attention_cuda: out16 is a [T, Hq, D] = {(T, Hq, D)} uint16 array, "
+                         f"got {out16.dtype}{tuple(out16.shape)}")
     if T == 0:
         return out
     L_max = int(plan_len) if plan_len is not None else int(pos0) + T
@@ -871,7 +903,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         kern[(nqb, splits, H), threads, stream, dyn](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale,
                                                      table, ws_acc, ws_ml)
         if not direct:
-            _reduce(ws_acc, ws_ml, splits, out, stream)
+            _reduce(ws_acc, ws_ml, splits, out, stream, out16, out16_fp16)
+        elif out16 is not None:
+            from coldkv.numba_kernels.layers import launch_round16
+
+            launch_round16(out.reshape(out.size), out16.reshape(out16.size), stream, f16=out16_fp16)
         return out
     if use_mma:
         from coldkv.numba_kernels import attention_mma
@@ -903,7 +939,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     ws_acc, ws_ml = ws.views(splits, T)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                         _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
-    _reduce(ws_acc, ws_ml, splits, out, stream)
+    _reduce(ws_acc, ws_ml, splits, out, stream, out16, out16_fp16)
     return out
 
 
@@ -921,8 +957,9 @@ def kernel_sig(kf, vf, devpos=False, scale_t=_SCALE_T):
 
 
 def _ptx_signatures():
-    out = [(_reduce_kernel, "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1])"),
-           (_reduce_rows_kernel, "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1])")]
+    red = "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1], uint16[:,:,::1])"
+    out = [(kern(to16), red) for kern in (_reduce_kernel, _reduce_rows_kernel)
+           for to16 in (TO16_NONE, TO16_BF16, TO16_FP16)]
     for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
         for vf in SUPPORTED_FORMATS:
             out.append((get_kernel(kf, vf, 4, 128), kernel_sig(kf, vf)))

@@ -498,8 +498,8 @@ class CUDABackend:
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
                                  vp.scales, gscale, table, ws, stream=s, check_cold=False, plan_len=plan_len,
                                  **(self.prefill_attention if T > 1 else {}),
-                                 prefill_scratch=cache.arena.prefill_scratch if T > 1 else None)
-            L.launch_round16(o.reshape(o.size), o16.reshape(o16.size), s, f16=f16)
+                                 prefill_scratch=cache.arena.prefill_scratch if T > 1 else None,
+                                 out16=o16.reshape(o.shape), out16_fp16=f16)  # o_proj's 16-bit input
             gemm(o16, lw.wo, x, accumulate=True)
             if lw.bo is not None:
                 L.launch_add_bias(x, lw.bo, s)
