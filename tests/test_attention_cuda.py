@@ -362,6 +362,27 @@ def test_bulk_ring_refuses_what_it_cannot_hold():
         _decode_builds_equal(Q.NVFP4, Q.NVFP4, 40, 8, 3, [{"mma_bulk": True}])
 
 
+@pytest.mark.parametrize("hopper", [True, False])
+def test_bulk_ring_only_where_the_gpu_has_bulk_copies(monkeypatch, hopper):
+    """The 4-bit formats' tuned decode reads pages through the bulk ring (cp.async.bulk, sm_90+).
+    Before Hopper the same build loads from global memory instead of failing to assemble, and
+    asking for the ring there is a clear error."""
+    class Built(Exception):
+        pass
+
+    def stop(*args):  # attention_mma.get_kernel(kf, vf, G, D, devpos, tiles, regs, u64, pipe, k8, qsmem, bulk, tm)
+        raise Built(args[11], args[12])
+
+    monkeypatch.setattr(A, "_has_bulk_copy", lambda: hopper)
+    monkeypatch.setattr(M, "get_kernel", stop)
+    with pytest.raises(Built) as built:
+        run_case(Q.NVFP4, Q.NVFP4, G=4, D=128, L=40, H=1, kernel="mma")
+    assert built.value.args == (hopper, True)  # (bulk, tm): tm either way
+    if not hopper:
+        with pytest.raises(ValueError, match="sm_90"):
+            run_case(Q.NVFP4, Q.NVFP4, G=4, D=128, L=40, H=1, kernel="mma_bulk")
+
+
 @SIM_SLOW  # ~10 s a case here; on the GPU, test_gpu_decode_int8_keys[mma_qs96-...] checks the build too
 @pytest.mark.parametrize("kname,vname", [("int8", "iso3"), ("nvfp4", "int8")])
 def test_decode_with_q_in_shared_memory_equals_registers(kname, vname):

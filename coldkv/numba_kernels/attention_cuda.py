@@ -721,6 +721,15 @@ def _has_wgmma() -> bool:
     return not config.ENABLE_CUDASIM and tuple(cuda.get_current_device().compute_capability) == (9, 0)
 
 
+@functools.cache
+def _has_bulk_copy() -> bool:
+    """Whether the current GPU has cp.async.bulk and mbarrier transaction counts (sm_90+), which the
+    decode kernel's bulk ring needs; the simulator emulates them."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM) or tuple(cuda.get_current_device().compute_capability) >= (9, 0)
+
+
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,
                  resident: int = 0):
     """(query blocks, splits) of the prefill kernel (attention_prefill): blocks of NWARPS * mt *
@@ -920,6 +929,10 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             if asked_bulk:
                 raise ValueError(f"attention_cuda: mma_bulk needs pages of a multiple of {8 * (mma_tiles or 2)} "
                                  f"tokens, got {P}")
+            mma_bulk = False
+        if mma_bulk and not _has_bulk_copy():  # before Hopper: the same kernel loading from global memory
+            if asked_bulk:
+                raise ValueError("attention_cuda: mma_bulk needs an sm_90 or newer GPU (cp.async.bulk)")
             mma_bulk = False
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
                                         k8, mma_qsmem, bool(mma_bulk), mma_tm)
