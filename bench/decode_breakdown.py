@@ -12,7 +12,8 @@ flush (attention_decode.event_time, the way the grid times its rows):
   floor      a graph of one empty one-block kernel: event + graph launch, no work
 and SDPA (bf16 K/V, enable_gqa) at the same context. --splits caps the workspace's splits (the
 planner otherwise fills one wave of resident blocks) to see what the reduce and the kernel's
-epilogue cost per split.
+epilogue cost per split. FORMAT@KNOB rows as in attention_decode.py (e.g. nvfp4@pdl: "full" then
+has the merge as a dependent launch; "reduce" is always the plain launch).
 """
 from __future__ import annotations
 
@@ -63,16 +64,16 @@ def breakdown(torch, name, L, shape, splits, flush, repeats) -> dict:
     reduce_args = []
     real_reduce = A._reduce
 
-    def recording_reduce(*a):
+    def recording_reduce(*a, **kw):
         reduce_args[:] = a[:4]
-        real_reduce(*a)
+        real_reduce(*a, **kw)
 
     A._reduce = recording_reduce
     try:
         full = time_graph(torch, attend, flush, repeats)
     finally:
         A._reduce = real_reduce
-    A._reduce = lambda *a: None
+    A._reduce = lambda *a, **kw: None
     try:
         attention = time_graph(torch, attend, flush, repeats)
     finally:

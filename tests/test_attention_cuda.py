@@ -115,6 +115,8 @@ def _kernel_kw(kernel):
             # the K product with tokens on the MMA rows, P transposed by movmatrix
             "mma_tm": {"kernel": "mma", "mma_tm": True},
             "mma_notm": {"kernel": "mma", "mma_tm": False},  # the 4-bit formats' default is tm at G 4 / 6
+            # the split merge as a programmatic dependent launch of the decode kernel
+            "mma_pdl": {"kernel": "mma", "mma_pdl": True},
             "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
             # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
             "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
@@ -339,6 +341,14 @@ def test_pipelined_decode_equals_plain_with_unallocated_pages():
     plain one, skipping unallocated (-1) pages: bitwise equal outputs, holes and a part page included."""
     _decode_builds_equal(Q.NVFP4, Q.INT8, 150, 16, 3, [{"mma_pipe": False}, {"mma_pipe": True}],
                          holes=[(0, 2), (1, 5)])  # a K page and a V page missing
+
+
+def test_dependent_launch_of_the_merge_equals_plain():
+    """mma_pdl: the decode kernel triggers its dependents and the split merge waits for it in a
+    programmatic dependent launch (launch.launch_dependent). The same kernels' arithmetic: bitwise
+    the plain launch (here the simulator's sequential launches; test_gpu_decode_dependent_launch
+    on the device, where the merge really starts under the attention kernel's tail)."""
+    _decode_builds_equal(Q.NVFP4, Q.INT8, 150, 16, 3, [{"mma_pdl": False}, {"mma_pdl": True}], holes=[(0, 2)])
 
 
 @pytest.mark.parametrize("kname,vname", [("nvfp4", "int8"), pytest.param("int8", "iso3", marks=SIM_SLOW)])
@@ -656,6 +666,21 @@ def test_gpu_decode_large(kname, vname, G, D, kernel):
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, H=H, P=64, seed=G + D,
                    ws=A.AttentionWorkspace(1024, 1, G * H, D), kernel=kernel)
     check(*res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kname,vname,G,D", [("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128),
+                                             ("bf16", "bf16", 4, 128), ("iso3", "nvfp4", 6, 256)])
+def test_gpu_decode_dependent_launch(kname, vname, G, D):
+    """The split merge launched as a programmatic dependent of the decode kernel (mma_pdl): it may
+    start while the attention kernel's last blocks run and waits (griddepcontrol.wait) before its
+    reads. Against the reference, and bitwise the plain launch, repeated back to back so that a
+    merge reading partials too early would show."""
+    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
+                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_pdl")
+    check(*res)
+    _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{}] + [{"mma_pdl": True}] * 4,
+                         holes=[(0, 2), (1, 5), (0, 60)])
 
 
 @pytest.mark.gpu

@@ -42,6 +42,8 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.jit_cache import cuda_kernel
+from coldkv.numba_kernels.launch import has_dependent_launch, launch_dependent
+from coldkv.numba_kernels.mma_ptx import griddep_wait
 from coldkv.numba_kernels.fp import bf16_enc, bits_f32, f16_enc
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4, ref_e4m3_decode
 
@@ -408,7 +410,7 @@ TO16_NONE, TO16_BF16, TO16_FP16 = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=None)
-def _reduce_kernel(to16: int = TO16_NONE):
+def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
     Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. The row max over all
@@ -421,6 +423,8 @@ def _reduce_kernel(to16: int = TO16_NONE):
 
     @cuda_kernel
     def reduce(ws_acc, ws_ml, n_splits, out, out16):
+        if pdl:  # a dependent launch: the partials are complete and visible after this
+            griddep_wait()
         T, Hq, D = out.shape
         r = cuda.blockIdx.x
         t = r // Hq
@@ -482,7 +486,7 @@ def _reduce_kernel(to16: int = TO16_NONE):
 
 
 @functools.lru_cache(maxsize=None)
-def _reduce_rows_kernel(to16: int = TO16_NONE):
+def _reduce_rows_kernel(to16: int = TO16_NONE, pdl: bool = False):
     """Prefill chunks (many rows, few splits): a warp per row (t, hq), lane = dims lane, lane + 32,
     ..; the splits in order, no shared memory or barrier. The block-per-(row, 32 dims) kernel above
     spent ~70 us on a 2048-token chunk (32768 blocks of 2 warps, each a few loads between two
@@ -492,6 +496,8 @@ def _reduce_rows_kernel(to16: int = TO16_NONE):
 
     @cuda_kernel
     def reduce_rows(ws_acc, ws_ml, n_splits, out, out16):
+        if pdl:
+            griddep_wait()
         T, Hq, D = out.shape
         row = cuda.blockIdx.x * (cuda.blockDim.x // 32) + cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
@@ -530,9 +536,10 @@ _RED_ROWS_WARPS = 8
 _SIM_MAX_WARPS = 1  # the simulator runs a Python thread per GPU thread: the same kernel, fewer warps
 
 
-def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False):
+def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False, pdl=False):
     """Merge the splits into out (and, given out16 [T, Hq, D] u16, the same rounded to bf16, or
-    fp16 with out16_fp16). The kernel and its block size follow from the rows only, never
+    fp16 with out16_fp16). pdl: a programmatic dependent launch (launch.launch_dependent) that
+    waits in the kernel for the attention kernel before it, which must trigger it. The kernel and its block size follow from the rows only, never
     from the split count: a launch planned for a longer cache (device-position / capacity planning)
     adds empty splits, which then add exact zeros in the same order, so its result is bitwise that
     of a launch planned for the actual length (the backend's captured prefill == its per-chunk
@@ -543,11 +550,14 @@ def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False):
     to16 = TO16_NONE if out16 is None else TO16_FP16 if out16_fp16 else TO16_BF16
     o16 = out.view(np.uint16) if out16 is None else out16  # the kernel's unused argument when TO16_NONE
     if T * Hq > 256:  # prefill chunks: a warp per row
-        _reduce_rows_kernel(to16)[-(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS, stream](
-            ws_acc, ws_ml, splits, out, o16)
-        return
-    warps = min(RED_WARPS, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else RED_WARPS  # decode rows
-    _reduce_kernel(to16)[(T * Hq, -(-D // 32)), 32 * warps, stream](ws_acc, ws_ml, splits, out, o16)
+        kern, grid, block = _reduce_rows_kernel(to16, pdl), -(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS
+    else:  # decode rows
+        warps = min(RED_WARPS, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else RED_WARPS
+        kern, grid, block = _reduce_kernel(to16, pdl), (T * Hq, -(-D // 32)), 32 * warps
+    if pdl:
+        launch_dependent(kern, grid, block, stream, ws_acc, ws_ml, splits, out, o16)
+    else:
+        kern[grid, block, stream](ws_acc, ws_ml, splits, out, o16)
 
 
 _KERNELS: dict = {}
@@ -789,7 +799,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
-                         mma_tm=None, out16=None, out16_fp16=False):
+                         mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -829,6 +839,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     of its chunk's rows: True refuses others, None = `_MMA_TUNED`'s, which then falls back).
     mma_tm: the decode kernel's K product with tokens on the MMA rows (attention_mma._build's tm;
     4-bit or bf16 keys, V not int8: `attention_mma.supports_tm`; None = `_MMA_TUNED`'s).
+    mma_pdl: the decode kernel's split merge as a programmatic dependent launch (launch.py: its
+    launch and block start-up under the attention kernel's last blocks; sm_90+, else an error).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -934,12 +946,15 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             if asked_bulk:
                 raise ValueError("attention_cuda: mma_bulk needs an sm_90 or newer GPU (cp.async.bulk)")
             mma_bulk = False
+        if mma_pdl and not has_dependent_launch():
+            raise ValueError("attention_cuda: mma_pdl needs an sm_90 or newer GPU and a cuda.core with "
+                             "programmatic_stream_serialization")
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
-                                        k8, mma_qsmem, bool(mma_bulk), mma_tm)
+                                        k8, mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk), mma_tm)
+                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
         _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
                               _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
@@ -952,7 +967,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     ws_acc, ws_ml = ws.views(splits, T)
     kern[(T, nblk, H), THREADS, stream](q, pos0, qscale, P, _flat(k_codes, np.uint32), ksc,
                                         _flat(v_codes, np.uint32), vsc, gscale, table, ws_acc, ws_ml)
-    _reduce(ws_acc, ws_ml, splits, out, stream, out16, out16_fp16)
+    _reduce(ws_acc, ws_ml, splits, out, stream, out16, out16_fp16, pdl=use_mma and bool(mma_pdl))
     return out
 
 
@@ -973,6 +988,7 @@ def _ptx_signatures():
     red = "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1], uint16[:,:,::1])"
     out = [(kern(to16), red) for kern in (_reduce_kernel, _reduce_rows_kernel)
            for to16 in (TO16_NONE, TO16_BF16, TO16_FP16)]
+    out += [(kern(TO16_BF16, True), red) for kern in (_reduce_kernel, _reduce_rows_kernel)]
     for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
         for vf in SUPPORTED_FORMATS:
             out.append((get_kernel(kf, vf, 4, 128), kernel_sig(kf, vf)))

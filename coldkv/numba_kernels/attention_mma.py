@@ -52,8 +52,9 @@ from numba import types
 
 from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e4m3x2, ex2, ldg2, ldg4, lds2, lds4, mbar_arrive_tx,
-    mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16, pack_f16, prmt)
+    SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e4m3x2, ex2, griddep_launch, ldg2, ldg4, lds2, lds4,
+    mbar_arrive_tx, mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16,
+    pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -152,7 +153,8 @@ def supports_k8(kf: int, G: int, D: int) -> bool:
 
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
-           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False, tm: bool = False):
+           pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False, tm: bool = False,
+           pdl: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -643,6 +645,8 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     def attn_mma(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
         # k_scales/v_scales: 4-bit formats: E4M3 bytes as flat uint32 words (SW per row);
         # int8: float32 per row; bf16: unused.
+        if pdl:  # the split merge may be launched now: its blocks start as this grid's blocks exit
+            griddep_launch()
         pos0 = read_pos(pos)
         t = cuda.blockIdx.x
         blk = cuda.blockIdx.y
@@ -867,9 +871,9 @@ _KERNELS: dict = {}
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
                u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False,
-               tm: bool = False):
+               tm: bool = False, pdl: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem), bool(bulk), bool(tm))
+           bool(qsmem), bool(bulk), bool(tm), bool(pdl))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -893,6 +897,7 @@ def _ptx_signatures():
             (get_kernel(NVFP4, NVFP4, 6, 256), kernel_sig(NVFP4, NVFP4)),
             (get_kernel(INT8, BF16, 1, 64), kernel_sig(INT8, BF16)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True), kernel_sig(NVFP4, NVFP4, True)),
+            (get_kernel(NVFP4, NVFP4, 4, 128, True, bulk=True, tm=True, pdl=True), kernel_sig(NVFP4, NVFP4, True)),
             (get_kernel(INT8, NVFP4, 4, 128, u64=False), kernel_sig(INT8, NVFP4)),
             (get_kernel(ISO3, INT8, 2, 64, True), kernel_sig(ISO3, INT8, True)),
             (get_kernel(NVFP4, ISO3, 3, 192), kernel_sig(NVFP4, ISO3)),

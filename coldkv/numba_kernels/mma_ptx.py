@@ -278,6 +278,12 @@ mbar_arrive_tx = _bar_asm("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1
 mbar_wait = _bar_asm("{ .reg .pred p;\nLAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n"
                       " @!p bra LAB_WAIT;\n}")
 mbar_fence_init = _asm_void("fence.mbarrier_init.release.cluster;")  # inits visible to the copy engine
+# programmatic dependent launch (sm_90): a kernel launched with programmatic stream serialization
+# (launch.launch_dependent) may start once every block of the kernel before it has run
+# griddep_launch or exited; griddep_wait holds it until that kernel has finished and its writes are
+# visible. Without such a launch both are no-ops.
+griddep_launch = _asm_void("griddepcontrol.launch_dependents;")
+griddep_wait = _asm_void("griddepcontrol.wait;")
 
 
 @intrinsic
@@ -601,3 +607,4 @@ if SIMULATED:
     cp_async_wait = {n: _sim_nop for n in range(8)}
     mbar_init, mbar_arrive_tx, mbar_wait, bulk_g2s = _sim_mbar_init, _sim_mbar_arrive_tx, _sim_mbar_wait, _sim_bulk_g2s
     mbar_fence_init, lds2, lds4 = _sim_nop, _sim_ldg(2), _sim_ldg(4)
+    griddep_launch = griddep_wait = _sim_nop  # the simulator runs launches one after another
