@@ -539,11 +539,12 @@ _SIM_MAX_WARPS = 1  # the simulator runs a Python thread per GPU thread: the sam
 def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False, pdl=False):
     """Merge the splits into out (and, given out16 [T, Hq, D] u16, the same rounded to bf16, or
     fp16 with out16_fp16). pdl: a programmatic dependent launch (launch.launch_dependent) that
-    waits in the kernel for the attention kernel before it, which must trigger it. The kernel and its block size follow from the rows only, never
-    from the split count: a launch planned for a longer cache (device-position / capacity planning)
-    adds empty splits, which then add exact zeros in the same order, so its result is bitwise that
-    of a launch planned for the actual length (the backend's captured prefill == its per-chunk
-    forward)."""
+    waits in the kernel for the attention kernel before it, which must trigger it.
+
+    The kernel and its block size follow from the rows only, never from the split count: a launch
+    planned for a longer cache (device-position / capacity planning) adds empty splits, which then
+    add exact zeros in the same order, so its result is bitwise that of a launch planned for the
+    actual length (the backend's captured prefill == its per-chunk forward)."""
     from numba import config
 
     T, Hq, D = out.shape
@@ -657,7 +658,8 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # (bench/results/logs/decode_tm_h100_c22a5fb.json): 32/8/128 at 131072 / 360000 tokens nvfp4 89.8 ->
 # 85.5 / 211.2 -> 195.7, iso3 101.6 -> 94.9 / 243.4 -> 224.8, nvfp4/iso3 95.7 -> 89.8 / 227.4 -> 209.1
 # (bf16 198.9 either way); 24/4/256 with the ring at 168 registers (3 blocks an SM instead of 2)
-# nvfp4 117.2 -> 98.7 / 261.6 -> 191.2, iso3 129.4 -> 107.4 / 296.1 -> 218.2.
+# nvfp4 117.2 -> 98.7 / 261.6 -> 191.2, iso3 129.4 -> 107.4 / 296.1 -> 218.2; nvfp4/iso3 120.7 / 274.6
+# at 29ea3c3 -> 101.2 / 203.1 at 835aea4 (logs/attention_decode_h100_{29ea3c3,835aea4}.json).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
               (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True, True),
               (INT8, INT8, 4, 128): (0, 128, False, True, False, False),
