@@ -372,6 +372,21 @@ def test_bulk_ring_refuses_what_it_cannot_hold():
         _decode_builds_equal(Q.NVFP4, Q.NVFP4, 40, 8, 3, [{"mma_bulk": True}])
 
 
+def test_tensor_cores_only_where_the_gpu_has_the_instructions(monkeypatch):
+    """mma.sync m16n8k16 needs sm_80 and the 4-bit formats' scale decode sm_89 (cvt .e4m3x2): on
+    an older GPU "mma" is a clear error, not a PTX assembly failure (and "auto", which returns
+    before the simulator's own rule, the fp32 kernel)."""
+    for cc, fmts, ok in [((8, 0), (Q.INT8, Q.BF16), True), ((8, 0), (Q.NVFP4, Q.INT8), False),
+                         ((8, 0), (Q.BF16, Q.ISO3), False), ((8, 9), (Q.ISO3, Q.NVFP4), True),
+                         ((7, 5), (Q.BF16, Q.BF16), False)]:
+        monkeypatch.setattr(A, "_gpu_cc", lambda cc=cc: cc)
+        if ok:
+            assert A._use_mma("mma", *fmts, 4, 128)
+        else:
+            with pytest.raises(ValueError, match=f"sm_{cc[0]}{cc[1]}"):
+                A._use_mma("mma", *fmts, 4, 128)
+
+
 @pytest.mark.parametrize("hopper", [True, False])
 def test_bulk_ring_only_where_the_gpu_has_bulk_copies(monkeypatch, hopper):
     """The 4-bit formats' tuned decode reads pages through the bulk ring (cp.async.bulk, sm_90+).

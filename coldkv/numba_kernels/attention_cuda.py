@@ -726,20 +726,30 @@ def prefill_kernel(name: str, D: int, kf=None, vf=None) -> dict:
 
 
 @functools.cache
+def _gpu_cc() -> tuple:
+    """The current GPU's compute capability; (9, 0) under the simulator, which emulates sm_90's PTX."""
+    from numba import config
+
+    return (9, 0) if config.ENABLE_CUDASIM else tuple(cuda.get_current_device().compute_capability)
+
+
 def _has_wgmma() -> bool:
     """Whether the current GPU runs wgmma (sm_90 only: Blackwell has no wgmma); never under the simulator."""
     from numba import config
 
-    return not config.ENABLE_CUDASIM and tuple(cuda.get_current_device().compute_capability) == (9, 0)
+    return not config.ENABLE_CUDASIM and _gpu_cc() == (9, 0)
 
 
-@functools.cache
 def _has_bulk_copy() -> bool:
     """Whether the current GPU has cp.async.bulk and mbarrier transaction counts (sm_90+), which the
     decode kernel's bulk ring needs; the simulator emulates them."""
-    from numba import config
+    return _gpu_cc() >= (9, 0)
 
-    return bool(config.ENABLE_CUDASIM) or tuple(cuda.get_current_device().compute_capability) >= (9, 0)
+
+def _mma_arch(kf, vf) -> tuple:
+    """The oldest GPU the tensor-core kernels run on for these formats: mma.sync m16n8k16 needs
+    sm_80, and the 4-bit formats' E4M3 scales are decoded by cvt.rn.f16x2.e4m3x2 (sm_89)."""
+    return (8, 9) if {int(kf), int(vf)} & {NVFP4, ISO3} else (8, 0)
 
 
 def plan_prefill(T: int, H: int, G: int, L_max: int, P: int, n_sm: int, max_splits: int, mt: int = 1,
@@ -787,6 +797,11 @@ def _use_mma(kernel: str, kf, vf, G, D) -> bool:
     if kernel == "mma" and not ok:
         raise ValueError(f"attention_cuda: the tensor-core kernel needs G <= 8, head_dim % 64 == 0 "
                          f"(K={kf} V={vf} G={G} D={D})")
+    if ok and _gpu_cc() < _mma_arch(kf, vf):  # an older GPU: the fp32 kernel, or a clear error
+        if kernel == "mma":
+            raise ValueError("attention_cuda: the tensor-core kernel for K={} V={} needs an sm_{}{} or newer GPU, "
+                             "this one is sm_{}{}".format(kf, vf, *_mma_arch(kf, vf), *_gpu_cc()))
+        return False
     if config.ENABLE_CUDASIM:  # emulated there (mma_ptx.py): only on request
         if kernel == "mma":
             from coldkv.numba_kernels.mma_ptx import _sim_install
