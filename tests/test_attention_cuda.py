@@ -374,8 +374,8 @@ def test_bulk_ring_refuses_what_it_cannot_hold():
 
 def test_tensor_cores_only_where_the_gpu_has_the_instructions(monkeypatch):
     """mma.sync m16n8k16 needs sm_80 and the 4-bit formats' scale decode sm_89 (cvt .e4m3x2): on
-    an older GPU "mma" is a clear error, not a PTX assembly failure (and "auto", which returns
-    before the simulator's own rule, the fp32 kernel)."""
+    an older GPU "mma" is a clear error, not a PTX assembly failure ("auto" picks the fp32 kernel
+    there, as it always does under the simulator)."""
     for cc, fmts, ok in [((8, 0), (Q.INT8, Q.BF16), True), ((8, 0), (Q.NVFP4, Q.INT8), False),
                          ((8, 0), (Q.BF16, Q.ISO3), False), ((8, 9), (Q.ISO3, Q.NVFP4), True),
                          ((7, 5), (Q.BF16, Q.BF16), False)]:
