@@ -19,6 +19,8 @@
 #             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps (~20 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
+#   breakdown bench/decode_breakdown.py, a decode step's fixed cost with and without the dependent launch
+#             of the split merge (nvfp4, int8 at 4096 / 32768 / 131072; ~40 s)
 #   wgmma     bench/wgmma_probe.py (a process per case, ~1-2 min)
 # seconds: what the script may take (default 540). Every part's timeout is the time left, and the
 # results are copied to $OUT after each part, so a call cut short by the device's 600 s limit still
@@ -85,6 +87,10 @@ V=$(ls bench/variants/layers_*.py 2>/dev/null | head -1)
 has layers && [ $(left) -gt 60 ] && timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/layers.py --commit "$C" \
   ${V:+--variants old=variants.$(basename "$V" .py)} --out "$OUT/layers.json" > "$OUT/layers.log" 2>&1
 save
+has breakdown && [ $(left) -gt 60 ] && timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/decode_breakdown.py \
+  --commit "$C" --formats nvfp4 nvfp4@pdl int8 int8@pdl --contexts 4096 32768 131072 \
+  --out "$OUT/decode_breakdown.json" > "$OUT/breakdown.log" 2>&1
+save
 has wgmma && [ $(left) -gt 30 ] && timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/wgmma_probe.py \
   --commit "$C" --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
 save
@@ -104,4 +110,5 @@ grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
+grep -E '^(floor|\{)' "$OUT/breakdown.log" 2>/dev/null | cut -c1-240
 save
