@@ -1003,9 +1003,8 @@ def kernel_sig(kf, vf, devpos=False, scale_t=_SCALE_T):
 
 def _ptx_signatures():
     red = "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1], uint16[:,:,::1])"
-    out = [(kern(to16), red) for kern in (_reduce_kernel, _reduce_rows_kernel)
-           for to16 in (TO16_NONE, TO16_BF16, TO16_FP16)]
-    out += [(kern(TO16_BF16, True), red) for kern in (_reduce_kernel, _reduce_rows_kernel)]
+    out = [(kern(to16, pdl), red) for kern in (_reduce_kernel, _reduce_rows_kernel)  # every branch once
+           for to16, pdl in ((TO16_NONE, False), (TO16_BF16, False), (TO16_FP16, True))]
     for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
         for vf in SUPPORTED_FORMATS:
             out.append((get_kernel(kf, vf, 4, 128), kernel_sig(kf, vf)))
