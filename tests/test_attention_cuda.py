@@ -450,7 +450,11 @@ def test_reduce_empty_splits_change_nothing(monkeypatch, T):
     written). The merge must give bitwise the result without them (the backend's per-chunk
     forward), not one summed in another order, and == the float64 merge. 4 reduce warps here (1
     in the other simulator tests), so a warp count taken from the split count (2 vs 3 warps for
-    8 vs 12 splits) would change the order."""
+    8 vs 12 splits) would change the order. The longer launch also writes out16, the output
+    rounded to bf16 (fp16 at T 1) in the same kernel (the o_proj input the backend's round16 pass
+    used to write): bitwise as ml_dtypes / numpy round out."""
+    import ml_dtypes
+
     monkeypatch.setattr(A, "_SIM_MAX_WARPS", 4)
     rng = np.random.default_rng(3)
     Hq, D, n = 2, 64, 8
@@ -468,31 +472,13 @@ def test_reduce_empty_splits_change_nothing(monkeypatch, T):
         a = np.full((N, T, Hq, D), np.nan, np.float32)  # empty splits' acc: unwritten
         a[:n] = acc
         out = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
-        A._reduce(cuda.to_device(a), cuda.to_device(ml), N, out, 0)
+        out16 = None if N == n else cuda.to_device(np.zeros((T, Hq, D), np.uint16))
+        A._reduce(cuda.to_device(a), cuda.to_device(ml), N, out, 0, out16, out16_fp16=T == 1)
         outs.append(out.copy_to_host())
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_allclose(outs[0], ref, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("T,fp16", [(1, True), (130, False)])  # both reduce kernels, both roundings
-def test_reduce_also_writes_the_16_bit_output(T, fp16):
-    """out16: the merge's fp32 output rounded to bf16 (fp16) in the same launch, bitwise as
-    ml_dtypes / numpy round it (the o_proj input the backend's round16 pass used to write), and out
-    unchanged by asking for it."""
-    import ml_dtypes
-
-    rng = np.random.default_rng(5)
-    Hq, D, n = 2, 64, 5
-    ml = np.stack([rng.uniform(-4, 4, (n, T, Hq)), rng.uniform(0.5, 3, (n, T, Hq))], -1).astype(np.float32)
-    acc = (rng.standard_normal((n, T, Hq, D)) * 100).astype(np.float32)
-    outs = []
-    for out16 in (None, cuda.to_device(np.zeros((T, Hq, D), np.uint16))):
-        out = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
-        A._reduce(cuda.to_device(acc), cuda.to_device(ml), n, out, 0, out16, fp16)
-        outs.append(out.copy_to_host())
-    np.testing.assert_array_equal(outs[0], outs[1])
-    want = outs[1].astype(np.float16 if fp16 else ml_dtypes.bfloat16).view(np.uint16)
-    np.testing.assert_array_equal(out16.copy_to_host(), want)
+    want16 = outs[0].astype(np.float16 if T == 1 else ml_dtypes.bfloat16).view(np.uint16)
+    np.testing.assert_array_equal(out16.copy_to_host(), want16)
 
 
 @SIM_SLOW
