@@ -230,7 +230,7 @@ def test_prefill_chunk_causal(T, L):
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel
     ("mma", "iso3", "nvfp4", 4, 64, 1, 37, 16),
-    ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
+    ("mma", "nvfp4", "iso3", 3, 192, 1, 45, 8),  # (32-token chunks, mma_t4: -m slow)
     ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
     ("mma", "nvfp4", "int8", 4, 64, 1, 120, 8),  # 4 blocks, warps merged per block, one warp empty
     ("mma_pipe", "int8", "iso3", 2, 64, 1, 134, 32),  # software-pipelined: 2 chunks per page, part pages
@@ -242,6 +242,7 @@ def test_prefill_chunk_causal(T, L):
     ("mma", "int8", "nvfp4", 4, 128, 1, 50, 16),  # int8 keys on s8 MMAs (k8)
     ("mma_k8off", "int8", "bf16", 2, 64, 1, 37, 8),  # int8 keys decoded to fp16
 ] + [pytest.param(*c, marks=SIM_SLOW) for c in [
+        ("mma_t4", "nvfp4", "iso3", 3, 192, 1, 45, 8),
         ("mma", "int8", "int8", 8, 64, 1, 37, 8), ("mma", "int8", "bf16", 1, 256, 1, 40, 16),
         ("mma_tok", "int8", "iso3", 3, 64, 5, 30, 16),  # k8 with several query tokens
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
