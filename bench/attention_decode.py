@@ -275,6 +275,15 @@ def capture_graph(torch, launch):
     return s, lambda: ok(cu.cuGraphLaunch(gx, h)), destroy
 
 
+def sdpa_step(torch, Hq, H, L, D):
+    """The peer: one decode step of torch SDPA (enable_gqa) over random bf16 K/V of L tokens, as a
+    callable (its tensors live as long as it does)."""
+    qb = torch.randn((1, Hq, 1, D), device="cuda", dtype=torch.bfloat16)
+    kb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
+    vb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
+    return lambda: torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
+
+
 def event_time(torch, fn, flush, repeats, spin_cycles=4_000_000):
     """Median microseconds of fn() between CUDA events, each after an L2 flush; + CPU enqueue us.
     After the flush the GPU spins for spin_cycles (~2 ms at 1980 MHz, torch.cuda._sleep) so that
@@ -404,14 +413,11 @@ def main():
     for Hq, H, D in shapes:
         for L in args.contexts:
             try:
-                qb = torch.randn((1, Hq, 1, D), device="cuda", dtype=torch.bfloat16)
-                kb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
-                vb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
-                sdpa = torch.nn.functional.scaled_dot_product_attention
-                t_sdpa, _ = event_time(torch, lambda: sdpa(qb, kb, vb, enable_gqa=True), flush, args.repeats)
-                clk_sdpa = (clocks_under_load(lambda: sdpa(qb, kb, vb, enable_gqa=True), 0.3, torch.cuda.synchronize)
+                sdpa = sdpa_step(torch, Hq, H, L, D)
+                t_sdpa, _ = event_time(torch, sdpa, flush, args.repeats)
+                clk_sdpa = (clocks_under_load(sdpa, 0.3, torch.cuda.synchronize)
                             if args.clocks else None)
-                del qb, kb, vb
+                del sdpa
             except Exception as exc:
                 doc["errors"].append(f"sdpa {Hq}/{H}/{D} L={L}: {exc!r}")
                 t_sdpa, clk_sdpa = float("nan"), None

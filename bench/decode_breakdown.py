@@ -28,7 +28,7 @@ from numba import cuda
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from attention_decode import Case, capture_graph, event_time  # noqa: E402
+from attention_decode import Case, capture_graph, event_time, sdpa_step  # noqa: E402
 from benchutil import git_commit, versions  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
@@ -105,12 +105,7 @@ def main():
     print(f"floor {doc['floor_us']:.1f} us", flush=True)
     Hq, H, D = shape
     for L in args.contexts:
-        qb = torch.randn((1, Hq, 1, D), device="cuda", dtype=torch.bfloat16)
-        kb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
-        vb = torch.randn((1, H, L, D), device="cuda", dtype=torch.bfloat16)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        t_sdpa = event_time(torch, lambda: sdpa(qb, kb, vb, enable_gqa=True), flush, args.repeats)[0]
-        del qb, kb, vb
+        t_sdpa = event_time(torch, sdpa_step(torch, Hq, H, L, D), flush, args.repeats)[0]
         for name in args.formats:
             for sp in args.splits:
                 try:

@@ -409,6 +409,10 @@ _MAX_DW = 8  # head_dim <= 256: at most 8 dims per lane
 TO16_NONE, TO16_BF16, TO16_FP16 = 0, 1, 2
 
 
+def _enc16(to16: int):
+    return f16_enc if to16 == TO16_FP16 else bf16_enc
+
+
 @functools.lru_cache(maxsize=None)
 def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
@@ -419,7 +423,7 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
     over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
     was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels_log.md, "Decode, session 12".)"""
-    enc = f16_enc if to16 == TO16_FP16 else bf16_enc
+    enc = _enc16(to16)
 
     @cuda_kernel
     def reduce(ws_acc, ws_ml, n_splits, out, out16):
@@ -492,7 +496,7 @@ def _reduce_rows_kernel(to16: int = TO16_NONE, pdl: bool = False):
     spent ~70 us on a 2048-token chunk (32768 blocks of 2 warps, each a few loads between two
     barriers); this one reads the 20 MB in ~10 us. Empty splits (m = -inf, acc unwritten) are
     skipped, so trailing ones change nothing, bitwise."""
-    enc = f16_enc if to16 == TO16_FP16 else bf16_enc
+    enc = _enc16(to16)
 
     @cuda_kernel
     def reduce_rows(ws_acc, ws_ml, n_splits, out, out16):
@@ -963,7 +967,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             if asked_bulk:
                 raise ValueError("attention_cuda: mma_bulk needs an sm_90 or newer GPU (cp.async.bulk)")
             mma_bulk = False
-        if mma_pdl and not has_dependent_launch():
+        if mma_pdl and not (_gpu_cc() >= (9, 0) and has_dependent_launch()):
             raise ValueError("attention_cuda: mma_pdl needs an sm_90 or newer GPU and a cuda.core with "
                              "programmatic_stream_serialization")
         kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,

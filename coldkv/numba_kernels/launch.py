@@ -14,15 +14,12 @@ import functools
 
 @functools.cache
 def has_dependent_launch() -> bool:
-    """sm_90 or newer, and a cuda.core whose LaunchConfig takes programmatic_stream_serialization."""
+    """Whether this cuda.core's LaunchConfig takes programmatic_stream_serialization (the GPU must
+    be sm_90 or newer too: the caller knows its compute capability)."""
     from numba import config
 
     if config.ENABLE_CUDASIM:
         return True  # launches run one after another there: nothing to overlap, nothing to break
-    from numba import cuda
-
-    if tuple(cuda.get_current_device().compute_capability) < (9, 0):
-        return False
     try:
         from cuda.core import LaunchConfig
 
@@ -35,7 +32,7 @@ def has_dependent_launch() -> bool:
 def launch_dependent(kernel, griddim, blockdim, stream, *args) -> None:
     """kernel[griddim, blockdim, stream](*args) with programmatic stream serialization: Numba's
     own argument marshalling and stream handling, cuda.core's launch. The caller checks
-    `has_dependent_launch()` first."""
+    `has_dependent_launch()` and the GPU (sm_90+) first."""
     from numba import config
 
     configured = kernel[griddim, blockdim, stream]  # normalized dimensions and stream
