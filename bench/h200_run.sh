@@ -103,7 +103,7 @@ import sys, json
 for l in sys.stdin:
     r = json.loads(l)
     print(r['format'], r['context'], f\"{r['q_heads']}/{r['kv_heads']}/{r['head_dim']}\", 'valid', r.get('graph_valid'),
-          f\"{r.get('coldkv_graph_us', 0):.1f} us\", f\"sdpa {r['sdpa_bf16_us']:.1f}\", f\"x{r.get('speedup_graph', 0):.2f}\")"
+          f\"{r.get('coldkv_us', 0):.1f} us\", f\"sdpa {r['sdpa_bf16_us']:.1f}\", f\"x{r.get('speedup', 0):.2f}\")"
 grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
