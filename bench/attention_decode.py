@@ -85,8 +85,8 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # 970 against 1040 for nvfp4, 1194 against 1264 for iso3), "tmqs96" tm through the ring with q in shared
 # memory at 96 registers (5 blocks an SM; nvfp4: 8 B spilled, loop 763 a 16 tokens), "tmbr168" tmr168
 # through the ring (the 4-bit formats' default at 24/4/256 since c22a5fb); "notm" the default's knobs
-# without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28,
-# offline: its launch and block start-up under the attention kernel's last blocks).
+# without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28;
+# timed at ffa233c on the H100: 1-2% slower at every context, e.g. nvfp4 87.0 against 85.5 us at 131072).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -113,10 +113,9 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before tm became their default (@notm, c22a5fb)
 # and before the bulk ring (@nobulk: now tm without it), int8 with the ring, and the 32-token-chunk tm
-# build (faster than tm at 360000 tokens, slower at 32768 on the H100 at 29ea3c3), and the dependent
-# launch of the split merge (@pdl, not yet timed)
+# build (faster than tm at 360000 tokens, slower at 32768 on the H100 at 29ea3c3 and ffa233c)
 DEFAULT_VARIANTS = ["nvfp4@notm", "iso3@notm", "nvfp4/iso3@notm", "nvfp4@nobulk", "int8@bulk", "nvfp4@tmbulkt4",
-                    "iso3@tmbulkt4", "nvfp4@pdl", "int8@pdl", "bf16@pdl"]
+                    "iso3@tmbulkt4"]
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64

@@ -19,8 +19,8 @@
 #             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps (~20 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
-#   breakdown bench/decode_breakdown.py, a decode step's fixed cost with and without the dependent launch
-#             of the split merge (nvfp4, int8 at 4096 / 32768 / 131072; ~40 s)
+#   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
+#             and the split merge alone (nvfp4, int8, bf16 at 4096 / 32768 / 131072; ~40 s)
 #   wgmma     bench/wgmma_probe.py (a process per case, ~1-2 min)
 # seconds: what the script may take (default 540). Every part's timeout is the time left, and the
 # results are copied to $OUT after each part, so a call cut short by the device's 600 s limit still
@@ -88,7 +88,7 @@ has layers && [ $(left) -gt 60 ] && timeout $(( $(left) < 120 ? $(left) : 120 ))
   ${V:+--variants old=variants.$(basename "$V" .py)} --out "$OUT/layers.json" > "$OUT/layers.log" 2>&1
 save
 has breakdown && [ $(left) -gt 60 ] && timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/decode_breakdown.py \
-  --commit "$C" --formats nvfp4 nvfp4@pdl int8 int8@pdl --contexts 4096 32768 131072 \
+  --commit "$C" --formats nvfp4 int8 bf16 --contexts 4096 32768 131072 \
   --out "$OUT/decode_breakdown.json" > "$OUT/breakdown.log" 2>&1
 save
 has wgmma && [ $(left) -gt 30 ] && timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/wgmma_probe.py \

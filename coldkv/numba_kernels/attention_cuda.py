@@ -417,12 +417,15 @@ def _enc16(to16: int):
 def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
 
-    Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. The row max over all
-    splits comes first (independent loads, block max), so each warp's splits w, w + warps, ..
-    are then merged with fixed weights exp2(m - max): _RED_UNROLL splits' loads are issued before
-    any is used, no dependent chain through a running max. (Earlier versions: one thread per dim
-    over all splits cost 100-400 us at 256-512 splits; a block per row with an online max per warp
-    was a chain of dependent L2 round trips on 32 blocks at decode, see docs/kernels_log.md, "Decode, session 12".)"""
+    Grid (T * Hq, D // 32): a block per (row, 32-dim slice), lane = dim. Warp w merges splits
+    w, w + warps, .. relative to its own running max, _RED_UNROLL splits' loads issued before any
+    is used, then warp 0 merges the warps' sums relative to the row max: one round of loads
+    (a decode step's 64 splits are one), not a round for the row max and another for the sums
+    as until session 29. (Earlier versions: one thread per dim over all splits cost 100-400 us
+    at 256-512 splits; a block per row with an online max per warp over all splits was a chain
+    of dependent L2 round trips on 32 blocks at decode, see docs/kernels_log.md, "Decode, session 12".)
+    Trailing empty splits (m = -inf, acc unwritten) leave every sum bitwise as it was: a warp's
+    max does not move, so nothing is rescaled, and they add exact zeros."""
     enc = _enc16(to16)
 
     @cuda_kernel
@@ -442,17 +445,7 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
         sm_m = cuda.shared.array(RED_WARPS, np.float32)
         sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
         sm_den = cuda.shared.array(RED_WARPS, np.float32)
-        M = _NEG_INF
-        for s in range(tid, n_splits, cuda.blockDim.x):
-            M = max(M, ws_ml[s, t, hq, 0])
-        for o in (16, 8, 4, 2, 1):
-            M = max(M, cuda.shfl_xor_sync(0xFFFFFFFF, M, o))
-        if lane == 0:
-            sm_m[w] = M
-        cuda.syncthreads()
-        Mg = _NEG_INF
-        for w2 in range(nw):
-            Mg = max(Mg, sm_m[w2])
+        mw = _NEG_INF  # the warp's running max (one per split: the whole warp agrees)
         num = np.float32(0.0)
         den = np.float32(0.0)
         last = n_splits - 1
@@ -465,22 +458,38 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
                 rm[u] = ws_ml[sc, t, hq, 0]
                 rl[u] = ws_ml[sc, t, hq, 1]
                 ra[u] = ws_acc[sc, t, hq, dd]
+            mn = mw
+            for u in range(_RED_UNROLL):
+                if s0 + u * nw <= last:
+                    mn = max(mn, rm[u])
+            if mn > mw:  # the max moved: rescale what the warp has (mw = -inf: 0 times zero sums)
+                c = math.exp2(mw - mn)
+                num *= c
+                den *= c
+                mw = mn
             for u in range(_RED_UNROLL):
                 # selects, not branches; -inf: an empty split (its acc may be unwritten)
                 ok = s0 + u * nw <= last and rm[u] > _NEG_INF
-                wt = math.exp2(rm[u] - Mg) if ok else np.float32(0.0)
+                wt = math.exp2(rm[u] - mw) if ok else np.float32(0.0)
                 den += wt * rl[u] if ok else np.float32(0.0)
                 num += wt * ra[u] if ok else np.float32(0.0)
         sm_num[w, lane] = num
         if lane == 0:
+            sm_m[w] = mw
             sm_den[w] = den
         cuda.syncthreads()
         if w == 0 and d < D:
+            mg = _NEG_INF
+            for w2 in range(nw):
+                mg = max(mg, sm_m[w2])
             nsum = np.float32(0.0)
             dsum = np.float32(0.0)
             for w2 in range(nw):
-                nsum += sm_num[w2, lane]
-                dsum += sm_den[w2]
+                m2 = sm_m[w2]
+                if m2 > _NEG_INF:  # a warp of empty splits only has no sums
+                    c = math.exp2(m2 - mg)
+                    nsum += c * sm_num[w2, lane]
+                    dsum += c * sm_den[w2]
             v = nsum / dsum
             out[t, hq, d] = v
             if to16:
