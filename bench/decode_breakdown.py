@@ -12,7 +12,9 @@ flush (attention_decode.event_time, the way the grid times its rows):
   floor      a graph of one empty one-block kernel: event + graph launch, no work
 and SDPA (bf16 K/V, enable_gqa) at the same context. --splits caps the workspace's splits (the
 planner otherwise fills one wave of resident blocks) to see what the reduce and the kernel's
-epilogue cost per split. FORMAT@KNOB rows as in attention_decode.py (e.g. nvfp4@pdl: "full" then
+epilogue cost per split; --waves plans W waves of resident blocks instead of one (smaller splits,
+so the GPU's block scheduler balances what a static split cannot: blocks that drew a smaller
+share of the DRAM bandwidth finish last). FORMAT@KNOB rows as in attention_decode.py (e.g. nvfp4@pdl: "full" then
 has the merge as a dependent launch; "reduce" is always the plain launch).
 """
 from __future__ import annotations
@@ -49,7 +51,16 @@ def time_graph(torch, launch, flush, repeats):
         destroy()
 
 
-def breakdown(torch, name, L, shape, splits, flush, repeats) -> dict:
+def breakdown(torch, name, L, shape, splits, flush, repeats, waves=1) -> dict:
+    real_resident = A._resident_blocks
+    A._resident_blocks = lambda *a, **kw: waves * real_resident(*a, **kw)  # what plan_splits fills
+    try:
+        return {**_breakdown(torch, name, L, shape, splits, flush, repeats), "waves": waves}
+    finally:
+        A._resident_blocks = real_resident
+
+
+def _breakdown(torch, name, L, shape, splits, flush, repeats) -> dict:
     Hq, H, D = shape
     c = Case(torch, name, L, Hq, H, D, seed=L + D)
     if splits:
@@ -90,6 +101,7 @@ def main():
     ap.add_argument("--contexts", type=int, nargs="*", default=[4096, 32768, 131072, 360000])
     ap.add_argument("--shape", default="32/8/128", help="Hq/H/D")
     ap.add_argument("--splits", type=int, nargs="*", default=[0], help="workspace split caps (0: the planner's)")
+    ap.add_argument("--waves", type=int, nargs="*", default=[1], help="waves of resident blocks the planner fills")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--out", required=True)
@@ -108,14 +120,15 @@ def main():
         t_sdpa = event_time(torch, sdpa_step(torch, Hq, H, L, D), flush, args.repeats)[0]
         for name in args.formats:
             for sp in args.splits:
-                try:
-                    rec = {**breakdown(torch, name, L, shape, sp, flush, args.repeats), "sdpa_bf16_us": t_sdpa}
-                except Exception as exc:  # a bench row, not a crash: the others still run
-                    rec = {"format": name, "context": L, "split_cap": sp, "error": repr(exc)}
-                doc["results"].append(rec)
-                print(json.dumps(rec), flush=True)
-                Path(args.out).write_text(json.dumps(doc, indent=1))
-                torch.cuda.empty_cache()
+                for w in args.waves:
+                    try:
+                        rec = {**breakdown(torch, name, L, shape, sp, flush, args.repeats, w), "sdpa_bf16_us": t_sdpa}
+                    except Exception as exc:  # a bench row, not a crash: the others still run
+                        rec = {"format": name, "context": L, "split_cap": sp, "waves": w, "error": repr(exc)}
+                    doc["results"].append(rec)
+                    print(json.dumps(rec), flush=True)
+                    Path(args.out).write_text(json.dumps(doc, indent=1))
+                    torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(doc, indent=1))
     return 0
 
