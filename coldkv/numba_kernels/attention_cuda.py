@@ -427,45 +427,40 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     Trailing empty splits (m = -inf, acc unwritten) leave every sum bitwise as it was: a warp's
     max does not move, so nothing is rescaled, and they add exact zeros."""
     enc = _enc16(to16)
-    IX, U32 = np.uint64, np.uint32
 
     @cuda_kernel
     def reduce(ws_acc, ws_ml, n_splits, out, out16):
-        # flat views (_reduce): ws_acc [splits, rows * D], ws_ml [splits, rows * 2], out / out16
-        # [rows * D]: one multiply-add an index (4-D indexing was 335 of the kernel's 1168 SASS
-        # instructions, IMADs, and the kernel is issue-bound: 38% issue-active under ncu)
         if pdl:  # a dependent launch: the partials are complete and visible after this
             griddep_wait()
-        # 32-bit block arithmetic (Python ints are int64 in Numba: the range() of a runtime step
-        # called a 64-bit division) and unsigned array indices (no negative-index selects)
+        T, Hq, D = out.shape
+        r = cuda.blockIdx.x
+        t = r // Hq
+        hq = r % Hq
         tid = cuda.threadIdx.x
-        w = U32(tid >> 5)
-        lane = U32(tid & 31)
-        nw = U32(cuda.blockDim.x >> 5)  # _reduce: from the rows, never from n_splits
-        D = U32(cuda.gridDim.y << 5)  # head_dim is a multiple of 64
-        ia = IX(U32(cuda.blockIdx.x) * D + U32(cuda.blockIdx.y << 5) + lane)  # (row, dim)
-        im = IX(U32(cuda.blockIdx.x) << U32(1))
+        w = tid // 32
+        lane = tid % 32
+        nw = cuda.blockDim.x // 32  # _reduce: from the rows, never from n_splits
+        d = 32 * cuda.blockIdx.y + lane
+        dd = min(d, D - 1)
         sm_m = cuda.shared.array(RED_WARPS, np.float32)
         sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
         sm_den = cuda.shared.array(RED_WARPS, np.float32)
         mw = _NEG_INF  # the warp's running max (one per split: the whole warp agrees)
         num = np.float32(0.0)
         den = np.float32(0.0)
-        ns = U32(n_splits)
-        last = ns - U32(1)
+        last = n_splits - 1
         rm = cuda.local.array(_RED_UNROLL, np.float32)  # constant indices after unrolling: registers
         rl = cuda.local.array(_RED_UNROLL, np.float32)
         ra = cuda.local.array(_RED_UNROLL, np.float32)
-        s0 = w
-        while s0 < ns:
+        for s0 in range(w, n_splits, nw * _RED_UNROLL):
             for u in range(_RED_UNROLL):  # all loads first, straight-line: U splits in flight
-                sc = IX(min(s0 + U32(u) * nw, last))
-                rm[u] = ws_ml[sc, im]
-                rl[u] = ws_ml[sc, im + IX(1)]
-                ra[u] = ws_acc[sc, ia]
+                sc = min(s0 + u * nw, last)
+                rm[u] = ws_ml[sc, t, hq, 0]
+                rl[u] = ws_ml[sc, t, hq, 1]
+                ra[u] = ws_acc[sc, t, hq, dd]
             mn = mw
             for u in range(_RED_UNROLL):
-                if s0 + U32(u) * nw <= last:
+                if s0 + u * nw <= last:
                     mn = max(mn, rm[u])
             if mn > mw:  # the max moved: rescale what the warp has (mw = -inf: 0 times zero sums)
                 c = math.exp2(mw - mn)
@@ -474,17 +469,16 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
                 mw = mn
             for u in range(_RED_UNROLL):
                 # selects, not branches; -inf: an empty split (its acc may be unwritten)
-                ok = s0 + U32(u) * nw <= last and rm[u] > _NEG_INF
+                ok = s0 + u * nw <= last and rm[u] > _NEG_INF
                 wt = math.exp2(rm[u] - mw) if ok else np.float32(0.0)
                 den += wt * rl[u] if ok else np.float32(0.0)
                 num += wt * ra[u] if ok else np.float32(0.0)
-            s0 += nw * U32(_RED_UNROLL)
         sm_num[w, lane] = num
         if lane == 0:
             sm_m[w] = mw
             sm_den[w] = den
         cuda.syncthreads()
-        if w == 0:
+        if w == 0 and d < D:
             mg = _NEG_INF
             for w2 in range(nw):
                 mg = max(mg, sm_m[w2])
@@ -497,9 +491,9 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
                     nsum += c * sm_num[w2, lane]
                     dsum += c * sm_den[w2]
             v = nsum / dsum
-            out[ia] = v
+            out[t, hq, d] = v
             if to16:
-                out16[ia] = enc(v)
+                out16[t, hq, d] = enc(v)
 
     return reduce
 
@@ -571,12 +565,9 @@ def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False, pd
     o16 = out.view(np.uint16) if out16 is None else out16  # the kernel's unused argument when TO16_NONE
     if T * Hq > 256:  # prefill chunks: a warp per row
         kern, grid, block = _reduce_rows_kernel(to16, pdl), -(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS
-    else:  # decode rows, flat views (the kernel's indices)
+    else:  # decode rows
         warps = min(RED_WARPS, _SIM_MAX_WARPS) if config.ENABLE_CUDASIM else RED_WARPS
-        kern, grid, block = _reduce_kernel(to16, pdl), (T * Hq, D // 32), 32 * warps
-        S = ws_acc.shape[0]
-        ws_acc, ws_ml, out, o16 = (ws_acc.reshape(S, T * Hq * D), ws_ml.reshape(S, T * Hq * 2),
-                                   out.reshape(T * Hq * D), o16.reshape(o16.size))
+        kern, grid, block = _reduce_kernel(to16, pdl), (T * Hq, -(-D // 32)), 32 * warps
     if pdl:
         launch_dependent(kern, grid, block, stream, ws_acc, ws_ml, splits, out, o16)
     else:
@@ -1025,9 +1016,8 @@ def kernel_sig(kf, vf, devpos=False, scale_t=_SCALE_T):
 
 def _ptx_signatures():
     red = "void(float32[:,:,:,::1], float32[:,:,:,::1], int64, float32[:,:,::1], uint16[:,:,::1])"
-    red_flat = "void(float32[:,::1], float32[:,::1], int64, float32[::1], uint16[::1])"
-    out = [(kern(to16, pdl), sig) for kern, sig in ((_reduce_kernel, red_flat), (_reduce_rows_kernel, red))
-           for to16, pdl in ((TO16_NONE, False), (TO16_BF16, False), (TO16_FP16, True))]  # every branch once
+    out = [(kern(to16, pdl), red) for kern in (_reduce_kernel, _reduce_rows_kernel)  # every branch once
+           for to16, pdl in ((TO16_NONE, False), (TO16_BF16, False), (TO16_FP16, True))]
     for kf in SUPPORTED_FORMATS:  # every format pair at the main shape
         for vf in SUPPORTED_FORMATS:
             out.append((get_kernel(kf, vf, 4, 128), kernel_sig(kf, vf)))
