@@ -12,9 +12,9 @@ flush (attention_decode.event_time, the way the grid times its rows):
   floor      a graph of one empty one-block kernel: event + graph launch, no work
 and SDPA (bf16 K/V, enable_gqa) at the same context. --splits caps the workspace's splits (the
 planner otherwise fills one wave of resident blocks) to see what the reduce and the kernel's
-epilogue cost per split; --waves plans W waves of resident blocks instead of one (smaller splits,
-so the GPU's block scheduler balances what a static split cannot: blocks that drew a smaller
-share of the DRAM bandwidth finish last). FORMAT@KNOB rows as in attention_decode.py (e.g. nvfp4@pdl: "full" then
+epilogue cost per split; --waves plans W waves of resident blocks instead of one (smaller splits
+the block scheduler could balance; at e63b7d7 on the H100 every extra wave was slower: the fixed
+cost is per block, docs/kernels.md "What to try next", Decode 1). FORMAT@KNOB rows as in attention_decode.py (e.g. nvfp4@pdl: "full" then
 has the merge as a dependent launch; "reduce" is always the plain launch).
 """
 from __future__ import annotations
