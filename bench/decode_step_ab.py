@@ -1,6 +1,6 @@
 """ms per decode step of the bundled model (bench/generate.py's launch_overhead: eager, graph,
 pipelined graph; 512 prompt tokens, bf16 KV) for this tree's coldkv and for other copies of the
-package, each in its own process, alternating, on one GPU:
+package, each in its own process, on one GPU, the order reversed every other round:
 
     git archive C coldkv | tar x -C bench/variants/C --exclude=coldkv/models
     python bench/decode_step_ab.py --commit HEAD_C --variants bench/variants/C --rounds 2 --out F.json
@@ -54,8 +54,9 @@ def main() -> int:
 
     doc = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(0),
            "commit": git_commit(a.commit), "versions": versions(), "results": []}
+    trees = [ROOT, *a.variants]
     for rnd in range(a.rounds):
-        for pkg in [ROOT, *a.variants]:
+        for pkg in trees if rnd % 2 == 0 else trees[::-1]:  # alternate who runs first: no order bias
             r = {"tree": "this" if pkg == ROOT else str(pkg), "round": rnd, **run(pkg.resolve(), a.new)}
             print(json.dumps(r), flush=True)
             doc["results"].append(r)

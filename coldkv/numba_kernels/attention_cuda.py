@@ -871,6 +871,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     4-bit or bf16 keys, V not int8: `attention_mma.supports_tm`; None = `_MMA_TUNED`'s).
     mma_pdl: the decode kernel's split merge as a programmatic dependent launch (launch.py: its
     launch and block start-up under the attention kernel's last blocks; sm_90+, else an error).
+    Off by default: 1-2% slower at every context on the H100 (ffa233c, docs/kernels.md Decode 1).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
