@@ -444,6 +444,24 @@ def test_dec8_emulation_is_the_format():
             assert [int(x) for x in dec(w)] == want, hex(w)
 
 
+
+@pytest.mark.skipif(not M.SIMULATED, reason="calls the device function from Python (on a GPU the decode kernel tests run it)")
+def test_decode_e2m1_operands_are_the_format():
+    """The decode kernel's E2M1 operand pairs (attention_mma._e2m1_bits, two PRMT-placed byte
+    planes a word): pair a of a word = fp16 of nibbles a (low) and a + 4 (high) times 2^-14, from
+    ml_dtypes' float4_e2m1fn; every byte value at every byte of the word, and random words."""
+    import ml_dtypes
+
+    tab = (np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+           * np.float32(2.0**-14)).astype(np.float16).view(np.uint16)
+    words = [b << (8 * i) for b in range(256) for i in range(4)] + [0xFFFFFFFF, 0x88888888] + list(
+        np.random.default_rng(8).integers(0, 2**32, 300, dtype=np.uint64))
+    for w in words:
+        w = int(w)
+        nib = [(w >> (4 * n)) & 15 for n in range(8)]
+        want = [int(tab[nib[a]]) | (int(tab[nib[a + 4]]) << 16) for a in range(4)]
+        assert [int(M._e2m1_bits(np.uint32(w), a)) for a in range(4)] == want, hex(w)
+
 @pytest.mark.parametrize("T", [1, 130])  # 130 x 2 rows: the warp-per-row kernel of prefill chunks
 def test_reduce_empty_splits_change_nothing(monkeypatch, T):
     """A launch planned for a longer cache (plan_len: what the backend's captured prefill and
