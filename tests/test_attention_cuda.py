@@ -425,32 +425,31 @@ def test_pipelined_decode_with_q_in_shared_memory_equals_plain():
 
 
 def test_dec8_emulation_is_the_format():
-    """The simulator's dec8_e2m1 / dec8_iso3 (which the fa kernel runs under the simulator; on a GPU
-    the gpu tests check the PTX): pair i of a word = fp16 of nibbles i (low) and i + 4 (high), the
-    values from ml_dtypes' float4_e2m1fn and from ISO3's sign + integer magnitude."""
-    import ml_dtypes
-
+    """The simulator's dec8_iso3 (which the fa kernel runs under the simulator; on a GPU the gpu
+    tests check the PTX): pair i of a word = fp16 of nibbles i (low) and i + 4 (high), the values
+    from ISO3's sign + integer magnitude."""
     from coldkv.numba_kernels import mma_ptx as M
 
-    e2m1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float16).view(np.uint16)
     iso3 = (np.where(np.arange(16) & 8, -1.0, 1.0) * (np.arange(16) & 7)).astype(np.float16).view(np.uint16)
     words = [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + list(
         np.random.default_rng(7).integers(0, 2**32, 300, dtype=np.uint64))
-    for tab, dec in ((e2m1, M._sim_dec8(M._DEC8_E2M1)), (iso3, M._sim_dec8(M._DEC8_ISO3))):
-        for w in words:
-            w = int(w)
-            nib = [(w >> (4 * n)) & 15 for n in range(8)]
-            want = [int(tab[nib[i]]) | (int(tab[nib[i + 4]]) << 16) for i in range(4)]
-            assert [int(x) for x in dec(w)] == want, hex(w)
+    dec = M._sim_dec8(M._DEC8_ISO3)
+    for w in words:
+        w = int(w)
+        nib = [(w >> (4 * n)) & 15 for n in range(8)]
+        want = [int(iso3[nib[i]]) | (int(iso3[nib[i + 4]]) << 16) for i in range(4)]
+        assert [int(x) for x in dec(w)] == want, hex(w)
 
 
-
-@pytest.mark.skipif(not M.SIMULATED, reason="calls the device function from Python (on a GPU the decode kernel tests run it)")
-def test_decode_e2m1_operands_are_the_format():
-    """The decode kernel's E2M1 operand pairs (attention_mma._e2m1_bits, two PRMT-placed byte
-    planes a word): pair a of a word = fp16 of nibbles a (low) and a + 4 (high) times 2^-14, from
-    ml_dtypes' float4_e2m1fn; every byte value at every byte of the word, and random words."""
+@pytest.mark.skipif(not M.SIMULATED, reason="calls device functions from Python (on a GPU the kernel tests run them)")
+def test_e2m1_operands_are_the_format():
+    """The E2M1 operand pairs of the decode and prefill kernels (mma_ptx.e2m1_pair / dec4_e2m1, two
+    PRMT-placed byte planes a word): pair a of a word = fp16 of nibbles a (low) and a + 4 (high)
+    times 2^-14, from ml_dtypes' float4_e2m1fn; every byte value at every byte of the word, and
+    random words. Times every E4M3 scale, the fp16 product is exact (the kernels rely on it)."""
     import ml_dtypes
+
+    from coldkv.numba_kernels import mma_ptx as X
 
     tab = (np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
            * np.float32(2.0**-14)).astype(np.float16).view(np.uint16)
@@ -460,7 +459,13 @@ def test_decode_e2m1_operands_are_the_format():
         w = int(w)
         nib = [(w >> (4 * n)) & 15 for n in range(8)]
         want = [int(tab[nib[a]]) | (int(tab[nib[a + 4]]) << 16) for a in range(4)]
-        assert [int(M._e2m1_bits(np.uint32(w), a)) for a in range(4)] == want, hex(w)
+        assert [int(X.e2m1_pair(np.uint32(w), a)) for a in range(4)] == want, hex(w)
+        assert [int(p) for p in X.dec4_e2m1(np.uint32(w))] == want
+    vals = np.unique(tab.view(np.float16).astype(np.float64))
+    scales = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    prod = np.outer(vals, scales[np.isfinite(scales)])
+    assert np.array_equal(prod.astype(np.float16).astype(np.float64), prod)
+
 
 @pytest.mark.parametrize("T", [1, 130])  # 130 x 2 rows: the warp-per-row kernel of prefill chunks
 def test_reduce_empty_splits_change_nothing(monkeypatch, T):

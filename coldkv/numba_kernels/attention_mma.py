@@ -52,7 +52,7 @@ from numba import types
 
 from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
-    SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e4m3x2, ex2, griddep_launch, ldg2, ldg4, lds2, lds4,
+    SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e2m1_pair, e4m3x2, ex2, griddep_launch, ldg2, ldg4, lds2, lds4,
     mbar_arrive_tx, mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16,
     pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
@@ -64,30 +64,7 @@ _NEG_INF = np.float32(-np.inf)
 _VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}
 
 # ------------------------------------------------------------------------------ operand decoders
-# Written as Numba bit operations (not asm) with the nibble index `a` a constant after unrolling,
-# so LLVM folds the shifts into constants and ptxas the masks into LOP3s.
-@cuda.jit(device=True, inline=True)
-def _e2m1_hi_bytes(x, odd):
-    """The fp16 high bytes (s << 7) | (eem << 1) of the low (odd = 0) or high (odd = 1) nibbles
-    of x's four bytes, in their bytes: 3-4 instructions for four codes."""
-    if odd:
-        return ((x >> 3) & 0x0E0E0E0E) | (x & 0x80808080)
-    return ((x << 1) & 0x0E0E0E0E) | ((x << 4) & 0x80808080)
-
-
-@cuda.jit(device=True, inline=True)
-def _e2m1_bits(x, a):
-    """fp16x2 bits of E2M1 nibbles a (low half) and a + 4 (high half) of x, as value * 2^-14:
-    (s << 15) | (eem << 9) (0.5 becomes a subnormal; the 2^14 is applied to the fp32 results).
-    Nibbles a, a + 4 are the low (a even) or high nibbles of bytes a >> 1 and (a >> 1) + 2, so the
-    four pairs of a word share two _e2m1_hi_bytes words and each takes one PRMT or LOP3 more:
-    11 instructions a word instead of 15 (a shift-and-mask pair per field of each pair)."""
-    # bytes 0, 2 (a < 2) or 1, 3 -> 1, 3, zeros below (selector nibble 4: a byte of the zero word).
-    # A PRMT, not h & 0xFF00FF00, for bytes 1, 3: LLVM pushes that mask into _e2m1_hi_bytes' two
-    # and recomputes them (3 instructions instead of 1).
-    return prmt(np.uint32(_e2m1_hi_bytes(x, a & 1)), np.uint32(0), np.uint32(0x2404 if a < 2 else 0x3414))
-
-
+# (E2M1: mma_ptx.e2m1_pair)
 def _sim_sub_f16x2(a, b):
     from coldkv.numba_kernels.mma_ptx import _sim_f16x2
 
@@ -248,11 +225,11 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
 
     @cuda.jit(device=True, inline=True)
     def dec_k(x, a):
-        return _e2m1_bits(x, a) if kf == NVFP4 else _iso3_bits(x, a)
+        return e2m1_pair(x, a) if kf == NVFP4 else _iso3_bits(x, a)
 
     @cuda.jit(device=True, inline=True)
     def dec_v(x, a):
-        return _e2m1_bits(x, a) if vf == NVFP4 else _iso3_bits(x, a)
+        return e2m1_pair(x, a) if vf == NVFP4 else _iso3_bits(x, a)
 
     @cuda.jit(device=True, inline=True)
     def rd_f32(arr, i):

@@ -19,7 +19,7 @@ from coldkv.numba_kernels.jit_cache import cuda_kernel
 from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.mma_ptx import (
-    SIMULATED, cp_async16_zfill, cp_async_wait_all, dec8_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
+    SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, wgmma,
@@ -111,6 +111,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
+    # E2M1 tiles hold value * scale * 2^-14 (mma_ptx.dec4_e2m1, exact): undone on the fp32 scores
+    # and outputs with the global scales, so every result is bitwise the unscaled tiles' one
+    KSC = np.float32(2.0**14 if kf == NVFP4 else 1.0)
+    VSC = np.float32(2.0**14 if vf == NVFP4 else 1.0)
     mma_k = mma_bf16 if kf == BF16 else mma_f16
     mma_v = mma_bf16 if vf == BF16 else mma_f16
     pack_k = pack_bf16 if kf == BF16 else pack_f16
@@ -165,7 +169,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         return f32(1.0)
 
     def plane_ops(fmt, RW, pre_decoded):
-        dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
+        dec8 = dec8_iso3 if fmt == ISO3 else dec4_e2m1
         copy = fmt == BF16 or pre_decoded  # 16-bit rows: straight into shared memory
 
         @cuda.jit(device=True, inline=True)
@@ -302,7 +306,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
         kb = split * ppw * P
         ke = min(kb + ppw * P, Lb)
-        kc = f32(1.0) / gscale[0, h]
+        kc = KSC / gscale[0, h]
         # unallocated pages in the block's range: then every tile is masked per key
         bad = 0
         if ke > kb:
@@ -640,7 +644,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if active:
             vc = f32(1.0)
             if V4:
-                vc = f32(1.0) / gscale[1, h]
+                vc = VSC / gscale[1, h]
             l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 1)
             l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
             l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
@@ -685,7 +689,7 @@ def _build_predecode(fmt: int, D: int, devpos: bool):
     per head (a device-position launch: the cache's capacity); threads past pos0 + T or on an
     unallocated page do nothing."""
     NC, RW, SW, RS = D // 8, D // _VPW[fmt], D // 64, D // 2
-    dec8 = dec8_iso3 if fmt == ISO3 else dec8_e2m1
+    dec8 = dec8_iso3 if fmt == ISO3 else dec4_e2m1
     read_pos = _pos_dev if devpos else _pos_int
     IX = np.uint64
 

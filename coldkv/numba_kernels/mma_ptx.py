@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import cuda, types
 from numba.extending import intrinsic
 
 from coldkv.numba_kernels.fp import e4m3_dec
@@ -36,23 +36,11 @@ mma_s8 = _asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$
 # cvt.rn.{f16,bf16}x2.f32 d, a, b puts a in the upper half: pack(lo, hi)
 pack_f16 = _asm("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
 pack_bf16 = _asm("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", _u32, (_f32, _f32))
-# two E2M1 nibbles at bits sh..sh+3 and 16+sh.. of x -> fp16x2 of the values: the bits
-# (s << 15) | (eem << 9) are value * 2^-14 (0.5 is an fp16 subnormal there), times 2^14 (exact)
-# so the tensor-core operands are normal numbers.
-dec_e2m1 = _asm("{.reg .b32 y, a, b, k;\n mov.b32 k, 0x74007400;\n shr.b32 y, $1, $2;\n shl.b32 a, y, 9;\n"
-                " shl.b32 b, y, 12;\n and.b32 a, a, 0x0E000E00;\n and.b32 b, b, 0x80008000;\n or.b32 a, a, b;\n"
-                " mul.rn.f16x2 $0, a, k;}",
-                "=r,r,r", _u32, (_u32, _u32))
-# two ISO3 nibbles (sign bit 3, magnitude 0..7) -> fp16x2 of the integer values
-dec_iso3 = _asm("{.reg .b32 y, a, b, m;\n mov.b32 m, 0x64006400;\n shr.b32 y, $1, $2;\n and.b32 a, y, 0x00070007;\n"
-                " or.b32 a, a, m;\n sub.f16x2 a, a, m;\n shl.b32 b, y, 12;\n and.b32 b, b, 0x80008000;\n or.b32 $0, a, b;}",
-                "=r,r,r", _u32, (_u32, _u32))
-# the 8 codes of a word at once: fp16x2 pairs (nibble i, nibble i + 4), i = 0..3 (the pairs of
-# dec_e2m1 / dec_iso3 with shifts 0, 4, 8, 12, exactly their values). Every 4-bit magnitude is an
-# fp16 whose low byte is 0, so two PRMTs look up the high bytes of all 8 magnitudes in an 8-byte
-# table, four more place them (selector nibble 8: the sign of a table byte < 0x80, i.e. 0x00, for
-# the low bytes) and the sign bits are or-ed in: ~19 instructions per 8 values instead of 28, and
-# no x 2^14 fix-up.
+# ISO3: the 8 codes of a word at once: fp16x2 pairs (nibble i, nibble i + 4), i = 0..3. Every
+# 4-bit magnitude is an fp16 whose low byte is 0, so two PRMTs look up the high bytes of all 8
+# magnitudes in an 8-byte table, four more place them (selector nibble 8: the sign of a table
+# byte < 0x80, i.e. 0x00, for the low bytes) and the sign bits are or-ed in: ~19 instructions per
+# 8 values. (E2M1 needs no table: dec4_e2m1 below, 11.)
 def _dec8(tlo, thi):
     ptx = ("{.reg .b32 tl, th, m0, m1, s;\n"
            f" mov.b32 tl, {tlo:#x};\n mov.b32 th, {thi:#x};\n"
@@ -67,10 +55,41 @@ def _dec8(tlo, thi):
     return _asm(ptx, "=r,=r,=r,=r,r", types.UniTuple(_u32, 4), (_u32,))
 
 
-_DEC8_E2M1 = (0x3E3C3800, 0x46444240)  # fp16 high bytes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6
-_DEC8_ISO3 = (0x42403C00, 0x47464544)  # of 0, 1, 2, 3 | 4, 5, 6, 7
-dec8_e2m1 = _dec8(*_DEC8_E2M1)
+_DEC8_ISO3 = (0x42403C00, 0x47464544)  # fp16 high bytes of 0, 1, 2, 3 | 4, 5, 6, 7
 dec8_iso3 = _dec8(*_DEC8_ISO3)
+
+
+# E2M1 nibble s|eem -> fp16 bits (s << 15) | (eem << 9) = value * 2^-14 (0.5 an fp16 subnormal).
+# Times any E4M3 scale the product is exact in fp16 ((2 value) (scale's integer significand) 2^-24
+# and up: at most 180 ulps of 2^-24 at the bottom, 0.17 at the top), so the kernels undo the 2^-14
+# on their fp32 results. Nibbles a, a + 4 of a word are the low (a even) or high nibbles of bytes
+# a >> 1 and (a >> 1) + 2, so a word's four pairs share two words of fp16 high bytes and take one
+# PRMT each: 11 instructions a word (a shift-and-mask pair per field of each pair was 15; ISO3's
+# table lookup, dec8_iso3, 19). Written as Numba bit operations (not asm), so LLVM folds the
+# constant shifts and ptxas the masks into LOP3s.
+@cuda.jit(device=True, inline=True)
+def e2m1_hi_bytes(x, odd):
+    """The fp16 high bytes (s << 7) | (eem << 1) of the low (odd = 0) or high (odd = 1) nibbles of
+    x's four bytes, in their bytes."""
+    if odd:
+        return ((x >> 3) & 0x0E0E0E0E) | (x & 0x80808080)
+    return ((x << 1) & 0x0E0E0E0E) | ((x << 4) & 0x80808080)
+
+
+@cuda.jit(device=True, inline=True)
+def e2m1_pair(x, a):
+    """fp16x2 bits of E2M1 nibbles a (low half) and a + 4 (high half) of x, times 2^-14 (a constant
+    after unrolling)."""
+    # bytes 0, 2 (a < 2) or 1, 3 -> 1, 3, zeros below (selector nibble 4: a byte of the zero word).
+    # A PRMT, not h & 0xFF00FF00, for bytes 1, 3: LLVM pushes that mask into e2m1_hi_bytes' two
+    # and recomputes them (3 instructions instead of 1).
+    return prmt(np.uint32(e2m1_hi_bytes(x, a & 1)), np.uint32(0), np.uint32(0x2404 if a < 2 else 0x3414))
+
+
+@cuda.jit(device=True, inline=True)
+def dec4_e2m1(x):
+    """The four pairs of a word (e2m1_pair a = 0..3), as dec8_iso3 gives ISO3's."""
+    return e2m1_pair(x, 0), e2m1_pair(x, 1), e2m1_pair(x, 2), e2m1_pair(x, 3)
 # bytes of x picked by the byte_perm selector (two of them, as (b, 0x64, b', 0x64)) -> fp16x2 of
 # the signed int8 values; x must already be xor-ed with 0x80808080
 dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806480;\n prmt.b32 a, $1, m, $2;\n"
@@ -379,18 +398,6 @@ def _sim_pack_bf16(lo, hi):
     return np.uint32(_sim_to_bf16(lo) | (_sim_to_bf16(hi) << 16))
 
 
-def _sim_dec_e2m1(x, sh):
-    y = (int(x) >> int(sh)) & 0xFFFFFFFF
-    a = ((y << 9) & 0x0E000E00) | ((y << 12) & 0x80008000)
-    return _sim_f16x2(lambda u, v: u * v, a, 0x74007400)
-
-
-def _sim_dec_iso3(x, sh):
-    y = (int(x) >> int(sh)) & 0xFFFFFFFF
-    a = int(_sim_f16x2(lambda u, v: u - v, (y & 0x00070007) | 0x64006400, 0x64006400))
-    return np.uint32(a | ((y << 12) & 0x80008000))
-
-
 def _sim_dec8(table):
     lo, hi = table
     tab = [((lo if m < 4 else hi) >> (8 * (m & 3))) & 0xFF for m in range(8)]
@@ -595,8 +602,8 @@ if SIMULATED:
     mma_f16, mma_bf16 = _sim_mma(_sim_f16), _sim_mma(_sim_bf16)
     mma_s8 = _sim_mma_s8
     pack_f16, pack_bf16 = _sim_pack_f16, _sim_pack_bf16
-    dec_e2m1, dec_iso3, dec_i8 = _sim_dec_e2m1, _sim_dec_iso3, _sim_dec_i8
-    dec8_e2m1, dec8_iso3 = _sim_dec8(_DEC8_E2M1), _sim_dec8(_DEC8_ISO3)
+    dec_i8 = _sim_dec_i8
+    dec8_iso3 = _sim_dec8(_DEC8_ISO3)
     e4m3x2, mul_f16x2, ex2 = _sim_e4m3x2, _sim_mul_f16x2, _sim_ex2
     movm_t = _sim_movm_t
     ldg2, ldg4 = _sim_ldg(2), _sim_ldg(4)
