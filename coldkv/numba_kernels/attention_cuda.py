@@ -427,40 +427,47 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     Trailing empty splits (m = -inf, acc unwritten) leave every sum bitwise as it was: a warp's
     max does not move, so nothing is rescaled, and they add exact zeros."""
     enc = _enc16(to16)
+    IX, U32 = np.uint64, np.uint32
 
     @cuda_kernel
     def reduce(ws_acc, ws_ml, n_splits, out, out16):
+        # 32-bit unsigned block arithmetic and array indices: the kernel is issue-bound on its
+        # index math (ncu, session 29: 1168 SASS instructions, 335 IMADs, with Python's int64, the
+        # negative-index selects and a 64-bit division for range()'s runtime step; 800 this way)
         if pdl:  # a dependent launch: the partials are complete and visible after this
             griddep_wait()
-        T, Hq, D = out.shape
-        r = cuda.blockIdx.x
-        t = r // Hq
-        hq = r % Hq
-        tid = cuda.threadIdx.x
-        w = tid // 32
-        lane = tid % 32
-        nw = cuda.blockDim.x // 32  # _reduce: from the rows, never from n_splits
-        d = 32 * cuda.blockIdx.y + lane
-        dd = min(d, D - 1)
+        D = U32(out.shape[2])
+        Hq = U32(out.shape[1])
+        r = U32(cuda.blockIdx.x)
+        t = IX(r // Hq)
+        hq = IX(r % Hq)
+        tid = U32(cuda.threadIdx.x)
+        w = tid >> U32(5)
+        lane = tid & U32(31)
+        nw = U32(cuda.blockDim.x) >> U32(5)  # _reduce: from the rows, never from n_splits
+        d = (U32(cuda.blockIdx.y) << U32(5)) + lane
+        dd = IX(min(d, D - U32(1)))
         sm_m = cuda.shared.array(RED_WARPS, np.float32)
         sm_num = cuda.shared.array((RED_WARPS, 32), np.float32)
         sm_den = cuda.shared.array(RED_WARPS, np.float32)
         mw = _NEG_INF  # the warp's running max (one per split: the whole warp agrees)
         num = np.float32(0.0)
         den = np.float32(0.0)
-        last = n_splits - 1
+        ns = U32(n_splits)
+        last = ns - U32(1)
         rm = cuda.local.array(_RED_UNROLL, np.float32)  # constant indices after unrolling: registers
         rl = cuda.local.array(_RED_UNROLL, np.float32)
         ra = cuda.local.array(_RED_UNROLL, np.float32)
-        for s0 in range(w, n_splits, nw * _RED_UNROLL):
+        s0 = w
+        while s0 < ns:
             for u in range(_RED_UNROLL):  # all loads first, straight-line: U splits in flight
-                sc = min(s0 + u * nw, last)
-                rm[u] = ws_ml[sc, t, hq, 0]
-                rl[u] = ws_ml[sc, t, hq, 1]
+                sc = IX(min(s0 + U32(u) * nw, last))
+                rm[u] = ws_ml[sc, t, hq, IX(0)]
+                rl[u] = ws_ml[sc, t, hq, IX(1)]
                 ra[u] = ws_acc[sc, t, hq, dd]
             mn = mw
             for u in range(_RED_UNROLL):
-                if s0 + u * nw <= last:
+                if s0 + U32(u) * nw <= last:
                     mn = max(mn, rm[u])
             if mn > mw:  # the max moved: rescale what the warp has (mw = -inf: 0 times zero sums)
                 c = math.exp2(mw - mn)
@@ -469,10 +476,11 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
                 mw = mn
             for u in range(_RED_UNROLL):
                 # selects, not branches; -inf: an empty split (its acc may be unwritten)
-                ok = s0 + u * nw <= last and rm[u] > _NEG_INF
+                ok = s0 + U32(u) * nw <= last and rm[u] > _NEG_INF
                 wt = math.exp2(rm[u] - mw) if ok else np.float32(0.0)
                 den += wt * rl[u] if ok else np.float32(0.0)
                 num += wt * ra[u] if ok else np.float32(0.0)
+            s0 += nw * U32(_RED_UNROLL)
         sm_num[w, lane] = num
         if lane == 0:
             sm_m[w] = mw
@@ -491,9 +499,9 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
                     nsum += c * sm_num[w2, lane]
                     dsum += c * sm_den[w2]
             v = nsum / dsum
-            out[t, hq, d] = v
+            out[t, hq, IX(d)] = v
             if to16:
-                out16[t, hq, d] = enc(v)
+                out16[t, hq, IX(d)] = enc(v)
 
     return reduce
 
