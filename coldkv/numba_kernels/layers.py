@@ -128,7 +128,7 @@ def _warp_sum(v):
 
 @cuda.jit(device=True, inline=True)
 def _lanes_max(v, lanes):
-    """Max of v over aligned groups of `lanes` (16 or 32) lanes."""
+    """Max of v over aligned groups of `lanes` (a power of two <= 32) lanes."""
     o = lanes // 2
     while o > 0:
         v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, o))
@@ -209,12 +209,20 @@ def qkv_rope_append_kernel(NV: int):
     another (~20 a warp)."""
     HALF = NV // 2
 
+    # the 4-bit encode: a lane holds VL consecutive columns (a power of two >= NV, so a 16-value
+    # group is GL whole lanes; at d 192 lanes 24.. hold none), after a pass through shared memory
+    VL = 2 if NV <= 2 else 4 if NV <= 4 else 8
+    GL = 16 // VL
+
     @cuda.jit(device=True)
-    def append_row(fmt, vals, g, page, row, codes, scales, lane):
+    def append_row(fmt, vals, g, page, row, codes, scales, lane, tbuf):
         """Append the warp's row (lane's value slot j = column lane + 32 j) as row `row` of pool
         page `page` in a hot format. Every lane encodes its own values with the CPU kernel's scalar
         cores (quant.quantize_chunk's, so the pages are bit-identical); a group's max comes from
-        shuffles over its lanes: 16 lanes of one slot for the 4-bit formats, the warp for int8's."""
+        shuffles: over the warp for int8's row scale; for the 4-bit formats the row goes through
+        the warp's tbuf so that a lane holds columns VL lane .. + VL - 1, and a group's max is one
+        reduction over its GL lanes (it was one over 16 lanes per slot, 4 chains at d 128, and
+        half the lanes idle in the encode)."""
         if fmt == BF16:
             for j in range(NV):
                 codes[page, row, lane + 32 * j] = bf16_enc(vals[j])
@@ -230,16 +238,24 @@ def qkv_rope_append_kernel(NV: int):
             for j in range(NV):
                 codes[page, row, lane + 32 * j] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
             return
-        for j in range(NV):  # nvfp4 / iso3: lanes 16 k .. 16 k + 15 of slot j hold group 2 j + k
-            x = vals[j]
-            amax = _lanes_max(abs_or_inf(x), 16)
-            sb = group_scale(fmt, amax, g)
-            x1 = cuda.shfl_down_sync(0xFFFFFFFF, x, 1)  # the odd column's value, for the even lane
-            c = lane + 32 * j
-            if lane % 16 == 0:
-                scales[page, row, c >> 4] = sb
-            if lane % 2 == 0:
-                codes[page, row, c >> 1] = encode_pair(fmt, x, x1, group_mult(sb, g), sb)
+        for j in range(NV):  # nvfp4 / iso3
+            tbuf[lane + 32 * j] = vals[j]
+        cuda.syncwarp()
+        c0 = VL * lane
+        live = c0 < 32 * NV
+        x = cuda.local.array(VL, np.float32)
+        amax = np.float32(0.0)
+        for i in range(VL):
+            x[i] = tbuf[c0 + i] if live else np.float32(0.0)
+            amax = max(amax, abs_or_inf(x[i]))
+        amax = _lanes_max(amax, GL)
+        sb = group_scale(fmt, amax, g)
+        if live:
+            if lane % GL == 0:
+                scales[page, row, c0 >> 4] = sb
+            m = group_mult(sb, g)
+            for i in range(VL // 2):
+                codes[page, row, (c0 >> 1) + i] = encode_pair(fmt, x[2 * i], x[2 * i + 1], m, sb)
 
     @cuda_kernel
     def qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
@@ -305,10 +321,11 @@ def qkv_rope_append_kernel(NV: int):
             return
         if page < 0:  # the host maps every position before the launch; a kernel cannot raise
             return
+        tbuf = cuda.shared.array((WARPS, 32 * NV), np.float32)[cuda.threadIdx.x // 32]  # [D]: this warp's row
         if plane == 0:
-            append_row(k_fmt, vals, gscale[0, h], page, p - lp * P, k_codes, k_scales, lane)
+            append_row(k_fmt, vals, gscale[0, h], page, p - lp * P, k_codes, k_scales, lane, tbuf)
         else:
-            append_row(v_fmt, vals, gscale[1, h], page, p - lp * P, v_codes, v_scales, lane)
+            append_row(v_fmt, vals, gscale[1, h], page, p - lp * P, v_codes, v_scales, lane, tbuf)
 
     return qkv_rope_append
 
