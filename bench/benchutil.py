@@ -140,11 +140,10 @@ def layers_today(m):
     was launch_to_bf16. A module that has today's API is returned as it is."""
     import types
 
-    if hasattr(m, "launch_round16"):
+    if not hasattr(m, "launch_to_bf16"):
         return m
     shim = types.ModuleType(m.__name__)  # a module: hashable, as bench/layers.py's dicts need
     shim.__dict__.update({k: v for k, v in vars(m).items() if k != "__name__"})
-    shim.launch_round16 = lambda x, out, stream, f16=False: m.launch_to_bf16(x, out, stream)
     for name in ("launch_embed", "launch_rms_norm", "launch_swiglu"):
         setattr(shim, name, lambda *args, f16=False, fn=getattr(m, name): fn(*args))
     return shim

@@ -9,7 +9,8 @@ same bytes, validate first (llm.c style). No GPU is needed for --small (the simu
 Each op runs at a prefill chunk's shapes (--model's config.json, --tokens rows): rms_norm over the
 hidden size, qkv_rope_append into K/V pages of each --formats table (and its calibration pass,
 `qkv_calib`, writing fp32 K/V instead) and the 4-bit scales' calibration from those (`kv_gscale`),
-swiglu over the MLP's gate|up, round16 (the bf16 rounding) of the attention output. A round
+swiglu over the MLP's gate|up (the attention output's bf16 rounding, round16 until session 30, is
+written by the attention kernels now). A round
 captures --repeats launches of each op into a CUDA graph (a Numba launch costs 20-50 us of
 Python, longer than most of these kernels) and times one replay with CUDA events; the
 copy kernel (bench/codecs.py's copy_v4) of the op's bytes runs the same way in the same round.
@@ -88,8 +89,6 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
     gscale = dev(np.full((2, nkv), global_scale_for(8.0), f32))
     gu = dev((rng.standard_normal((T, 2 * inter)) * 3).astype(f32))
     act = cuda.device_array((T, inter), np.uint16)
-    o = dev(rng.standard_normal(T * nq * hd).astype(f32))
-    o16 = cuda.device_array(T * nq * hd, np.uint16)
     eps = a.rms_norm_eps
     norm = (qn, kn) if a.qk_norm else (empty, empty)
     bias = dev(rng.standard_normal(qkv.shape[1]).astype(f32)) if a.attention_bias else empty
@@ -98,7 +97,6 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
         "rms_norm": (lambda m, st: m.launch_rms_norm(x, w, eps, h16, st), lambda: [h16.copy_to_host()],
                      T * dim * (4 + 2)),
         "swiglu": (lambda m, st: m.launch_swiglu(gu, act, st), lambda: [act.copy_to_host()], T * inter * (8 + 2)),
-        "round16": (lambda m, st: m.launch_round16(o, o16, st), lambda: [o16.copy_to_host()], T * nq * hd * (4 + 2)),
     }
     kv_in = dev(rng.standard_normal((2, T, nkv, hd)).astype(f32))
     two_level, g_out, parts = dev(np.ones(2, np.int32)), cuda.device_array((2, nkv), f32), {}

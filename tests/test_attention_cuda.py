@@ -860,6 +860,31 @@ def test_fa_prefill_unsplit_writes_the_output(monkeypatch):
     assert seen == [1]
 
 
+@pytest.mark.parametrize("splits,f16", [(1, False), (1, True), (2, False)])
+def test_prefill_writes_the_16_bit_output(monkeypatch, splits, f16):
+    """out16 (o_proj's input) is `out` rounded to bf16 / fp16 (ml_dtypes), bitwise: written by
+    the prefill kernel itself when a chunk has one split (no reduce, no round16 pass), else by the
+    split merge; out16 starts as NaN bits, so an element left unwritten would show."""
+    import ml_dtypes
+
+    seen = _force_prefill_splits(monkeypatch, splits)
+    if splits == 1:
+        _no_reduce(monkeypatch)
+    T, G, H, D, L, P = 4, 2, 1, 64, 20, 16
+    pools, table, gscale, _, _ = make_cache(Q.NVFP4, Q.ISO3, L, H, D, P, 5)
+    q = np.random.default_rng(6).standard_normal((T, G * H, D)).astype(np.float32)
+    out = cuda.to_device(np.full((T, G * H, D), np.nan, np.float32))
+    out16 = cuda.to_device(np.full((T, G * H, D), 0x7FFF, np.uint16))
+    (kc, ks), (vc, vs) = pools
+    A.paged_attention_cuda(cuda.to_device(q), out, L - T, 0.125, Q.NVFP4, cuda.to_device(kc), cuda.to_device(ks),
+                           Q.ISO3, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
+                           cuda.to_device(table), A.AttentionWorkspace(64, T, G * H, D), check_cold=False,
+                           out16=out16, out16_fp16=f16, **_kernel_kw("mma_fa"))
+    assert seen == [splits]
+    want = out.copy_to_host().astype(np.float16 if f16 else ml_dtypes.bfloat16).view(np.uint16)
+    np.testing.assert_array_equal(out16.copy_to_host(), want)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kname,vname", [("bf16", "bf16"), ("nvfp4", "int8")])
 def test_gpu_fa_prefill_unsplit_and_split_match_reference(monkeypatch, kname, vname):

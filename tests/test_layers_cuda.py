@@ -65,16 +65,11 @@ def test_rms_norm_refuses_rows_it_cannot_hold():
 
 
 @F16
-def test_swiglu_and_round16(f16):
+def test_swiglu_and_add_bias(f16):
     gu = (rng.standard_normal((3, 2 * 300)) * 4).astype(np.float32)  # 300: two column blocks, one part
     out = cuda.device_array((3, 300), np.uint16)
     L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
-    x = rng.standard_normal(300).astype(np.float32)
-    x[:3] = 70000.0, -1e-7, 3e-5  # fp16: overflow to inf, a subnormal
-    out = cuda.device_array(300, np.uint16)
-    L.launch_round16(cuda.to_device(x), out, S, f16=f16)
-    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
     y = rng.standard_normal((2, 300)).astype(np.float32)
     b = rng.standard_normal(300).astype(np.float32)
     dy = cuda.to_device(y)
@@ -96,10 +91,6 @@ def test_elementwise_kernels_stride_over_rows(f16):
     dy = cuda.to_device(y)
     L.add_bias_kernel[(1, 2), 64](dy, cuda.to_device(b))
     np.testing.assert_array_equal(dy.copy_to_host(), y + b)
-    x = rng.standard_normal(301).astype(np.float32)  # 1 block x 32 threads: 128 values a step
-    out = cuda.device_array(301, np.uint16)
-    L.round16_kernel(f16)[1, 32](cuda.to_device(x), out)
-    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
 
 
 def _rope_tables(n, D):
@@ -169,7 +160,7 @@ def test_gpu_qkv_rope_append_chunk(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
 def test_gpu_row_kernels_chunk(f16):
     """The row kernels on the device at a chunk's shapes, with the launchers' strided grids: rms_norm
     over the bundled model's rows (384) and wide ones (4096: 256 threads a row; 5000: 512), swiglu
-    and round16 over 8192 rows, the calibration over 8192 tokens."""
+    over 8192 rows, the calibration over 8192 tokens."""
     for T, n in ((8192, 384), (1000, 4096), (37, 5000)):
         x = (rng.standard_normal((T, n)) * 3).astype(np.float32)
         w = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -180,10 +171,6 @@ def test_gpu_row_kernels_chunk(f16):
     out = cuda.device_array((8192, 1024), np.uint16)
     L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
-    x = rng.standard_normal(8192 * 512 + 3).astype(np.float32)
-    out = cuda.device_array(x.size, np.uint16)
-    L.launch_round16(cuda.to_device(x), out, S, f16=f16)
-    np.testing.assert_array_equal(out.copy_to_host(), L.ref_encode16(x, f16))
     kv = rng.standard_normal((2, 8192, 2, 128)).astype(np.float32)
     kv[1, 5000, 1, 17] = 40.0
     g = cuda.device_array((2, 2), np.float32)

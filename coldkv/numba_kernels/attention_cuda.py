@@ -843,7 +843,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
     Enqueues two kernels on `stream`; no device allocation. out16: None, or a [T, Hq, D] u16 device
     array that also gets the output rounded to bf16 (fp16 with out16_fp16), written by the split
-    merge (a chunk whose prefill kernel writes out itself gets a round16 launch instead).
+    merge, or by the prefill kernel when a chunk has one split (it then writes out itself).
 
     pos0: an int, or an int32 device array of shape [1] holding it (device-position mode, for
     CUDA graphs: the kernel reads the position when it runs, so one captured launch serves every
@@ -940,7 +940,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             pv_async=mma_pv_async, s_ahead=mma_s_ahead)
         threads = 32 * mma_warps
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb, mma_s_ahead and not mma_pingpong, mma_warps) if wg else 0
-        sig = attention_prefill.kernel_sig(k_fmt, v_fmt, devpos)
+        sig = attention_prefill.prefill_sig(k_fmt, v_fmt, devpos)
         if dyn:
             attention_prefill.wg_prepare(kern, sig, dyn)
         resident = _resident_blocks(kern, sig, threads, dyn)
@@ -960,14 +960,13 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                 attention_prefill.launch_predecode(fmt, D, pos0, T, L_max, P, words[plane], sc, table, plane,
                                                    prefill_scratch[plane], stream)
                 words[plane] = prefill_scratch[plane]
+        # a one-split launch writes out16 itself; split ones leave it to the merge
+        to16 = TO16_NONE if out16 is None or not direct else TO16_FP16 if out16_fp16 else TO16_BF16
+        o16 = out.view(np.uint16) if out16 is None else out16  # (unused with TO16_NONE)
         kern[(nqb, splits, H), threads, stream, dyn](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale,
-                                                     table, ws_acc, ws_ml)
+                                                     table, ws_acc, ws_ml, o16, to16)
         if not direct:
             _reduce(ws_acc, ws_ml, splits, out, stream, out16, out16_fp16)
-        elif out16 is not None:
-            from coldkv.numba_kernels.layers import launch_round16
-
-            launch_round16(out.reshape(out.size), out16.reshape(out16.size), stream, f16=out16_fp16)
         return out
     if use_mma:
         from coldkv.numba_kernels import attention_mma

@@ -16,8 +16,9 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.jit_cache import cuda_kernel
-from coldkv.numba_kernels.attention_cuda import _pos_dev, _pos_int
+from coldkv.numba_kernels.attention_cuda import TO16_FP16, _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
+from coldkv.numba_kernels.fp import bf16_enc, f16_enc
 from coldkv.numba_kernels.mma_ptx import (
     SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
@@ -262,7 +263,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     jit = cuda_kernel(max_registers=max_registers)
 
     @jit
-    def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml):
+    def attn_mma_fa(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16,
+                    to16):
         if WG:  # dynamic: [K buffers | V buffers], 64 KB at d 128
             if SIM:  # (the simulator sizes a dynamic array by a dtype instance's itemsize)
                 dyn = cuda.shared.array(0, np.dtype(np.uint32))
@@ -674,6 +676,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         if final:
                             o0 = o0 / lr
                             o1 = o1 / lr
+                            if to16:  # o_proj's 16-bit input: round16's values, without its pass
+                                out16[tq, hq, dm] = f16_enc(o0) if to16 == TO16_FP16 else bf16_enc(o0)
+                                out16[tq, hq, dm1] = f16_enc(o1) if to16 == TO16_FP16 else bf16_enc(o1)
                         ws_acc[split, tq, hq, dm] = o0
                         ws_acc[split, tq, hq, dm1] = o1
 
@@ -784,8 +789,15 @@ def wg_smem_bytes(D: int, chb: int = 0, s_ahead: bool = False, warps: int = 8) -
 _WG_READY: set = set()
 
 
+def prefill_sig(kf, vf, devpos=False) -> str:
+    """The prefill kernel's signature: the decode kernels' (`kernel_sig`), then out16 [T, Hq, D]
+    uint16 and to16: a one-split launch (no merge) also writes its output rounded to bf16 / fp16
+    there (attention_cuda.TO16_BF16 / TO16_FP16; TO16_NONE: nothing)."""
+    return kernel_sig(kf, vf, devpos)[:-1] + ", uint16[:,:,::1], int64)"
+
+
 def wg_prepare(kern, sig: str, nbytes: int) -> None:
-    """Let the "wg" kernel compiled for `sig` (`kernel_sig`, the types of its launches) have
+    """Let the "wg" kernel compiled for `sig` (`prefill_sig`, the types of its launches) have
     `nbytes` of dynamic shared memory, above the 48 KB a launch may ask for by default."""
     from numba import config
 
@@ -802,26 +814,26 @@ def wg_prepare(kern, sig: str, nbytes: int) -> None:
 
 def _ptx_signatures():
     fm = [BF16, INT8, NVFP4, ISO3]
-    out = [(get_prefill_kernel(f, f, 2, 128), kernel_sig(f, f)) for f in fm]
-    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128), kernel_sig(NVFP4, ISO3)),
-            (get_prefill_kernel(INT8, NVFP4, 6, 256), kernel_sig(INT8, NVFP4)),
-            (get_prefill_kernel(BF16, INT8, 1, 64), kernel_sig(BF16, INT8)),
-            (get_prefill_kernel(ISO3, BF16, 8, 128, True), kernel_sig(ISO3, BF16, True)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, warps=8), kernel_sig(NVFP4, NVFP4)),
-            (get_prefill_kernel(BF16, BF16, 4, 128, warps=8), kernel_sig(BF16, BF16)),
-            (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, pre=(True, True)), kernel_sig(NVFP4, ISO3, True)),
-            (get_prefill_kernel(INT8, NVFP4, 4, 64, pre=(False, True)), kernel_sig(INT8, NVFP4))]
-    out += [(get_prefill_kernel(f, f, 2, 128, kind="wg"), kernel_sig(f, f)) for f in fm]  # wgmma: sm_90a
+    out = [(get_prefill_kernel(f, f, 2, 128), prefill_sig(f, f)) for f in fm]
+    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128), prefill_sig(NVFP4, ISO3)),
+            (get_prefill_kernel(INT8, NVFP4, 6, 256), prefill_sig(INT8, NVFP4)),
+            (get_prefill_kernel(BF16, INT8, 1, 64), prefill_sig(BF16, INT8)),
+            (get_prefill_kernel(ISO3, BF16, 8, 128, True), prefill_sig(ISO3, BF16, True)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, warps=8), prefill_sig(NVFP4, NVFP4)),
+            (get_prefill_kernel(BF16, BF16, 4, 128, warps=8), prefill_sig(BF16, BF16)),
+            (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, pre=(True, True)), prefill_sig(NVFP4, ISO3, True)),
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, pre=(False, True)), prefill_sig(INT8, NVFP4))]
+    out += [(get_prefill_kernel(f, f, 2, 128, kind="wg"), prefill_sig(f, f)) for f in fm]  # wgmma: sm_90a
     out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", pre=(True, True)),
-             kernel_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), kernel_sig(BF16, BF16, True)),
-            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True), kernel_sig(BF16, BF16, True)),
+             prefill_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
+            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, pv_async=True),
-             kernel_sig(NVFP4, NVFP4, True)),
+             prefill_sig(NVFP4, NVFP4, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, s_ahead=True),
-             kernel_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(BF16, INT8, 4, 128, kind="wg", warps=8, s_ahead=True), kernel_sig(BF16, INT8)),
-            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), kernel_sig(INT8, NVFP4))]
+             prefill_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(BF16, INT8, 4, 128, kind="wg", warps=8, s_ahead=True), prefill_sig(BF16, INT8)),
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4))]
     for fmt in (NVFP4, ISO3):
         for devpos in (False, True):
             out.append((_build_predecode(fmt, 128, devpos),

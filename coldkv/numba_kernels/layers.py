@@ -14,8 +14,8 @@ rounding.
   kv_amax_kernel, kv_gscale_kernel  second-level scale of each (K/V, head) from a chunk's
                         max |x| (maxima of token slices, then one per (K/V, head))
   swiglu_kernel(F16)    a = 16(silu(gate) * up)                                 [T, inter] u16
-  round16_kernel(F16)   o16 = 16(o)                                             [n] u16
   add_bias_kernel
+(The attention output's 16(o), o_proj's input, is written by the attention kernels themselves.)
 Builders (name(constants)) return a kernel compiled for a row length, so that its per-thread values
 stay in registers and every loop over them unrolls. Every kernel loads what it needs before its
 first store: Numba arrays may alias, so no load is moved above a store, and a load after a store
@@ -403,26 +403,6 @@ def swiglu_kernel(F16: bool):
     return swiglu
 
 
-@functools.lru_cache(maxsize=None)
-def round16_kernel(F16: bool):
-    """out [n] u16 = 16(x [n] f32) (bf16, or fp16 when F16); ROWS_IN_FLIGHT values a thread in
-    flight (swiglu_kernel)."""
-    enc = f16_enc if F16 else bf16_enc
-
-    @cuda_kernel
-    def round16(x, out):
-        n, st = x.shape[0], cuda.gridsize(1)
-        v = cuda.local.array(ROWS_IN_FLIGHT, np.float32)
-        for i in range(cuda.grid(1), n, ROWS_IN_FLIGHT * st):
-            for k in range(ROWS_IN_FLIGHT):
-                v[k] = x[i + k * st] if i + k * st < n else np.float32(0.0)
-            for k in range(ROWS_IN_FLIGHT):
-                if i + k * st < n:
-                    out[i + k * st] = enc(v[k])
-
-    return round16
-
-
 @cuda_kernel
 def add_bias_kernel(y, b):
     """y [T, n] f32 += b [n]; laid out as swiglu_kernel (no per-element division, loads first)."""
@@ -440,10 +420,6 @@ def add_bias_kernel(y, b):
 
 
 # ==================================================================================== launchers
-def _blocks(n: int, threads: int = 256, cap: int = 1024) -> int:
-    return max(1, min(cap, -(-n // threads)))
-
-
 def _grid_rows(T: int, n: int, threads: int = 256) -> tuple:
     """(column blocks, row blocks) of a [T, n] elementwise kernel, each block striding over rows: at
     most ~2048 blocks (about two resident waves on an H200). A block per row (8192 x 4 blocks for
@@ -486,10 +462,6 @@ def launch_swiglu(gu, out, stream, f16: bool = False):
     swiglu_kernel(f16)[_grid_rows(*out.shape), 256, stream](gu, out)
 
 
-def launch_round16(x, out, stream, f16: bool = False):
-    round16_kernel(f16)[_blocks(x.shape[0]), 256, stream](x, out)
-
-
 def launch_add_bias(y, b, stream):
     add_bias_kernel[_grid_rows(*y.shape), 256, stream](y, b)
 
@@ -505,8 +477,6 @@ def _sigs():
         (kv_gscale_kernel, "void(float32[:,:,::1], int32[::1], float32[:,::1])"),
         (swiglu_kernel(False), "void(float32[:,::1], uint16[:,::1])"),
         (swiglu_kernel(True), "void(float32[:,::1], uint16[:,::1])"),
-        (round16_kernel(False), "void(float32[::1], uint16[::1])"),
-        (round16_kernel(True), "void(float32[::1], uint16[::1])"),
         (add_bias_kernel, "void(float32[:,::1], float32[::1])"),
     ]
     pools = {"bf16": "uint16[:,:,::1], uint8[:,:,::1]", "int8": "int8[:,:,::1], float32[:,:,::1]",
