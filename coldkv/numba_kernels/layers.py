@@ -213,6 +213,7 @@ def qkv_rope_append_kernel(NV: int):
     # group is GL whole lanes; at d 192 lanes 24.. hold none), after a pass through shared memory
     VL = 2 if NV <= 2 else 4 if NV <= 4 else 8
     GL = 16 // VL
+    ROW = 32 * NV  # head_dim (a constant here: a shared array's shape must be one)
 
     @cuda.jit(device=True)
     def append_row(fmt, vals, g, page, row, codes, scales, lane, tbuf):
@@ -242,7 +243,7 @@ def qkv_rope_append_kernel(NV: int):
             tbuf[lane + 32 * j] = vals[j]
         cuda.syncwarp()
         c0 = VL * lane
-        live = c0 < 32 * NV
+        live = c0 < ROW
         x = cuda.local.array(VL, np.float32)
         amax = np.float32(0.0)
         for i in range(VL):
@@ -321,7 +322,7 @@ def qkv_rope_append_kernel(NV: int):
             return
         if page < 0:  # the host maps every position before the launch; a kernel cannot raise
             return
-        tbuf = cuda.shared.array((WARPS, 32 * NV), np.float32)[cuda.threadIdx.x // 32]  # [D]: this warp's row
+        tbuf = cuda.shared.array((WARPS, ROW), np.float32)[cuda.threadIdx.x // 32]  # [D]: this warp's row
         if plane == 0:
             append_row(k_fmt, vals, gscale[0, h], page, p - lp * P, k_codes, k_scales, lane, tbuf)
         else:
