@@ -134,6 +134,15 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
     return parse_smi(out.splitlines(), start, end)
 
 
+def gemm_out16(m) -> bool:
+    """Whether a numba_kernels/layers.py version reads the QKV and gate|up GEMM outputs as 16-bit
+    bits (session 30 on; float32 before): its qkv_rope_append_kernel builder takes F16."""
+    import inspect
+
+    fn = getattr(m.qkv_rope_append_kernel, "__wrapped__", m.qkv_rope_append_kernel)
+    return "F16" in inspect.signature(fn).parameters
+
+
 def layers_today(m):
     """An older numba_kernels/layers.py behind today's launcher API, for A/Bs against it: before
     fp16 checkpoints (session 18) the launchers took no f16= and the attention output's rounding

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from benchutil import git_commit, layers_today  # noqa: E402
+from benchutil import gemm_out16, git_commit, layers_today  # noqa: E402
 
 SIM = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
 
@@ -79,7 +79,10 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
     x = dev(rng.standard_normal((T, dim)).astype(f32))
     w = dev((1 + 0.1 * rng.standard_normal(dim)).astype(f32))
     h16 = cuda.device_array((T, dim), np.uint16)
-    qkv = dev(rng.standard_normal((T, (nq + 2 * nkv) * hd)).astype(f32))
+    # the QKV and gate|up GEMM outputs: 16-bit bits since session 30 (gemm_out16), float32 before;
+    # the same values either way (the float32 ones are the 16-bit ones decoded)
+    qkv16 = L.ref_encode16(rng.standard_normal((T, (nq + 2 * nkv) * hd)))
+    qkv16d, qkv32 = dev(qkv16), dev(L.ref_decode16(qkv16))
     empty = dev(np.zeros(0, f32))
     qn, kn = (dev((1 + 0.1 * rng.standard_normal(hd)).astype(f32)) for _ in range(2))
     cos, sin = (dev(t) for t in Rope(a.rope, hd).cos_sin(np.arange(T)))
@@ -87,16 +90,18 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
     q = cuda.device_array((T, nq, hd), f32)
     kv = cuda.device_array((2, T, nkv, hd), f32)
     gscale = dev(np.full((2, nkv), global_scale_for(8.0), f32))
-    gu = dev((rng.standard_normal((T, 2 * inter)) * 3).astype(f32))
+    gu16 = L.ref_encode16(rng.standard_normal((T, 2 * inter)) * 3)
+    gu16d, gu32 = dev(gu16), dev(L.ref_decode16(gu16))
     act = cuda.device_array((T, inter), np.uint16)
     eps = a.rms_norm_eps
     norm = (qn, kn) if a.qk_norm else (empty, empty)
-    bias = dev(rng.standard_normal(qkv.shape[1]).astype(f32)) if a.attention_bias else empty
+    bias = dev(rng.standard_normal(qkv16.shape[1]).astype(f32)) if a.attention_bias else empty
 
     ops = {
         "rms_norm": (lambda m, st: m.launch_rms_norm(x, w, eps, h16, st), lambda: [h16.copy_to_host()],
                      T * dim * (4 + 2)),
-        "swiglu": (lambda m, st: m.launch_swiglu(gu, act, st), lambda: [act.copy_to_host()], T * inter * (8 + 2)),
+        "swiglu": (lambda m, st: m.launch_swiglu(gu16d if gemm_out16(m) else gu32, act, st), lambda: [act.copy_to_host()],
+                   T * inter * (4 + 2)),
     }
     kv_in = dev(rng.standard_normal((2, T, nkv, hd)).astype(f32))
     two_level, g_out, parts = dev(np.ones(2, np.int32)), cuda.device_array((2, nkv), f32), {}
@@ -107,7 +112,7 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
         m.launch_kv_gscale(kv_in, pos, two_level, g_out, parts[m], st)
 
     ops["kv_gscale"] = (gscale_launch, lambda: [g_out.copy_to_host()], 2 * T * nkv * hd * 4)
-    qkv_in = T * (nq + 2 * nkv) * hd * 4 + T * hd * 4  # qkv rows + cos/sin rows
+    qkv_in = T * (nq + 2 * nkv) * hd * 2 + T * hd * 4  # qkv rows (16-bit) + cos/sin rows
     npages = -(-T // page_tokens)
     for i, f in enumerate(formats):
         fid = FORMAT_IDS[f]
@@ -119,7 +124,8 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
         row_bytes = sum(arr.shape[2] * arr.dtype.itemsize for arr in pools[0][2:])
 
         def launch(m, st, pools=pools, write=True):
-            m.launch_qkv_rope_append(qkv, bias, *norm, cos, sin, pos, eps, q, kv, pools[0], pools[1], gscale, write, st)
+            m.launch_qkv_rope_append(qkv16d if gemm_out16(m) else qkv32, bias, *norm, cos, sin, pos, eps, q, kv,
+                                     pools[0], pools[1], gscale, write, st)
 
         ops[f"qkv_rope_append:{f}"] = (launch, lambda pools=pools: [q.copy_to_host()] + [
             arr.copy_to_host() for p in pools for arr in p[2:]], qkv_in + T * nq * hd * 4 + 2 * T * nkv * row_bytes)

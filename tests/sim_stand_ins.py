@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from coldkv.numba_kernels.attention import paged_attention_cpu
-from coldkv.numba_kernels.layers import ref_decode16
+from coldkv.numba_kernels.layers import ref_decode16, ref_encode16
 
 _sim_event = cuda.event
 
@@ -25,7 +25,10 @@ class NumpyGemm:
     def __call__(self, x, w, y, accumulate: bool = False) -> None:
         r = (ref_decode16(x.copy_to_host(), self.f16).astype(np.float64)
              @ ref_decode16(w.copy_to_host(), self.f16).astype(np.float64).T).astype(np.float32)
-        y.copy_to_device(r + y.copy_to_host() if accumulate else r)
+        if y.dtype == np.uint16:  # 16-bit output bits, rounded once (as cuBLAS does)
+            y.copy_to_device(ref_encode16(r, self.f16))
+        else:
+            y.copy_to_device(r + y.copy_to_host() if accumulate else r)
 
 
 def cpu_paged_attention(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt, v_codes, v_scales, gscale, table,

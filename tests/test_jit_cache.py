@@ -202,7 +202,7 @@ import hashlib
 import numpy as np
 from numba import cuda
 from coldkv.numba_kernels import layers as L
-gu = cuda.to_device(np.random.default_rng(0).standard_normal((64, 512)).astype(np.float32))
+gu = cuda.to_device(L.ref_encode16(np.random.default_rng(0).standard_normal((64, 512))))
 out = cuda.device_array((64, 256), np.uint16)
 L.launch_swiglu(gu, out, 0)
 k = L.swiglu_kernel(False)

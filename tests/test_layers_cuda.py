@@ -66,7 +66,7 @@ def test_rms_norm_refuses_rows_it_cannot_hold():
 
 @F16
 def test_swiglu_and_add_bias(f16):
-    gu = (rng.standard_normal((3, 2 * 300)) * 4).astype(np.float32)  # 300: two column blocks, one part
+    gu = L.ref_encode16(rng.standard_normal((3, 2 * 300)) * 4, f16)  # 300: two column blocks, one part
     out = cuda.device_array((3, 300), np.uint16)
     L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
@@ -82,7 +82,7 @@ def test_elementwise_kernels_stride_over_rows(f16):
     """Grids smaller than the work: each thread's loop takes ROWS_IN_FLIGHT rows (values) a step,
     over several steps, with a partial last step."""
     T, n = 19, 40  # 2 row blocks x 4 rows a step: 3 steps, the last one partial
-    gu = (rng.standard_normal((T, 2 * n)) * 4).astype(np.float32)
+    gu = L.ref_encode16(rng.standard_normal((T, 2 * n)) * 4, f16)
     out = cuda.device_array((T, n), np.uint16)
     L.swiglu_kernel(f16)[(1, 2), 64](cuda.to_device(gu), out)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
@@ -100,11 +100,12 @@ def _rope_tables(n, D):
     return Rope(RopeArgs(), D).cos_sin(np.arange(n))
 
 
-def _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T, P, pos0):
+def _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T, P, pos0, f16=False):
     """q/k/v after bias, norm and RoPE match the float64 reference; the pages written by the fused
     path are bit-identical to the CPU codec (append_cpu) run on the kernel's own fp32 K/V, in a pool
-    of pages mapped at random to positions pos0 .. pos0 + T - 1 (other table entries unmapped)."""
-    qkv = rng.standard_normal((T, (Hq + 2 * H) * D)).astype(np.float32)
+    of pages mapped at random to positions pos0 .. pos0 + T - 1 (other table entries unmapped).
+    qkv comes as the GEMM writes it: bf16 (fp16 with f16) bits."""
+    qkv = L.ref_encode16(rng.standard_normal((T, (Hq + 2 * H) * D)), f16)
     b = rng.standard_normal(qkv.shape[1]).astype(np.float32) if bias else np.zeros(0, np.float32)
     qn, kn = ((1 + 0.1 * rng.standard_normal((2, D))).astype(np.float32) if qk_norm
               else (np.zeros(0, np.float32),) * 2)
@@ -121,38 +122,38 @@ def _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T, P, pos0):
     q = cuda.device_array((T, Hq, D), np.float32)
     kv = cuda.to_device(np.zeros((2, T, H, D), np.float32))
     dpools = [(FORMAT_IDS[f], dev(table[i]), dev(c), dev(s)) for i, (f, (c, s)) in enumerate(zip((k_fmt, v_fmt), pools))]
-    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), False, S)  # fp32 K/V out
+    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), False, S, f16=f16)  # fp32 K/V out
     kv_h = kv.copy_to_host()
     rq, rk, rv = L.qkv_post_ref(qkv, b if bias else None, qn if qk_norm else None, kn if qk_norm else None,
-                                cos, sin, pos0, 1e-6, Hq, H)
+                                cos, sin, pos0, 1e-6, Hq, H, f16)
     for got, ref in ((q.copy_to_host(), rq), (kv_h[0], rk), (kv_h[1], rv)):
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
-    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), True, S)  # quantized into pages
+    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), True, S, f16=f16)  # quantized into pages
     for plane, (f, (codes, scales)) in enumerate(zip((k_fmt, v_fmt), pools)):
         append_cpu(FORMAT_IDS[f], kv_h[plane], pos0, table[plane], codes, scales, gscale[plane])
         np.testing.assert_array_equal(dpools[plane][2].copy_to_host(), codes)
         np.testing.assert_array_equal(dpools[plane][3].copy_to_host(), scales)
 
 
-@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
-    ("nvfp4", "int8", True, False, 64, 4, 2), ("iso3", "bf16", False, True, 128, 4, 2),
-    ("bf16", "nvfp4", True, True, 192, 4, 2), ("int8", "iso3", False, False, 256, 4, 2),
-    ("nvfp4", "nvfp4", True, False, 128, 3, 1)])
-def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
-    """Every head_dim the kernel takes (a kernel per head_dim), and 5 head slots: a block of 4
-    warps with 3 past the last slot; 3 tokens across two pages of 4."""
-    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=3, P=4, pos0=6)
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H, f16", [
+    ("nvfp4", "int8", True, False, 64, 4, 2, False), ("iso3", "bf16", False, True, 128, 4, 2, True),
+    ("bf16", "nvfp4", True, True, 192, 4, 2, False), ("int8", "iso3", False, False, 256, 4, 2, True),
+    ("nvfp4", "nvfp4", True, False, 128, 3, 1, False)])
+def test_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, f16):
+    """Every head_dim the kernel takes (a kernel per head_dim), both 16-bit input types, and 5 head
+    slots: a block of 4 warps with 3 past the last slot; 3 tokens across two pages of 4."""
+    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=3, P=4, pos0=6, f16=f16)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H", [
-    ("nvfp4", "iso3", True, False, 128, 4, 2),  # the bundled model's nvfp4 table
-    ("int8", "bf16", False, True, 128, 28, 4), ("iso3", "nvfp4", True, False, 256, 24, 4)])
-def test_gpu_qkv_rope_append_chunk(k_fmt, v_fmt, qk_norm, bias, D, Hq, H):
+@pytest.mark.parametrize("k_fmt, v_fmt, qk_norm, bias, D, Hq, H, f16", [
+    ("nvfp4", "iso3", True, False, 128, 4, 2, False),  # the bundled model's nvfp4 table
+    ("int8", "bf16", False, True, 128, 28, 4, True), ("iso3", "nvfp4", True, False, 256, 24, 4, False)])
+def test_gpu_qkv_rope_append_chunk(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, f16):
     """A full prefill chunk on the device: 8192 tokens (4099 for the wide shapes) from position
     1000, pages of 64."""
     T = 8192 if Hq <= 4 else 4099
-    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=T, P=64, pos0=1000)
+    _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T=T, P=64, pos0=1000, f16=f16)
 
 
 @pytest.mark.gpu
@@ -167,7 +168,7 @@ def test_gpu_row_kernels_chunk(f16):
         out = cuda.device_array((T, n), np.uint16)
         L.launch_rms_norm(cuda.to_device(x), cuda.to_device(w), 1e-6, out, S, f16=f16)
         _close16(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6, f16), f16)
-    gu = (rng.standard_normal((8192, 2 * 1024)) * 4).astype(np.float32)
+    gu = L.ref_encode16(rng.standard_normal((8192, 2 * 1024)) * 4, f16)
     out = cuda.device_array((8192, 1024), np.uint16)
     L.launch_swiglu(cuda.to_device(gu), out, S, f16=f16)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)

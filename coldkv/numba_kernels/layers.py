@@ -1,10 +1,12 @@
 """The per-token kernels of the CUDA forward pass, each beside its numpy reference.
 
-Dtypes: the residual stream, GEMM outputs, q and attention outputs are float32; a row that feeds a
-GEMM is rounded once to the checkpoint's 16-bit type (uint16 bits, round to nearest even): bf16,
-or fp16 for an fp16 checkpoint (F16 = True), because cuBLAS multiplies 16-bit x 16-bit (fp32
-accumulate) against the weights as stored. Norm weights are float32. "16(...)" below is that
-rounding.
+Dtypes: the residual stream, q and attention outputs are float32; a row that feeds a GEMM is
+rounded once to the checkpoint's 16-bit type (uint16 bits, round to nearest even): bf16, or fp16
+for an fp16 checkpoint (F16 = True), because cuBLAS multiplies 16-bit x 16-bit (fp32 accumulate)
+against the weights as stored. The QKV and gate|up GEMMs write that 16-bit type too (cuBLAS
+rounds their fp32 sums once, as HF's bf16 Linear layers do), which the kernels reading them decode;
+the o_proj and down GEMMs accumulate into the float32 residual. Norm weights are float32.
+"16(...)" below is that rounding.
 
   embed_kernel(F16)     x[t] = row tokens[t] of the 16-bit table                [T, dim] f32
   rms_norm_kernel(R, VPL, F16)  h = 16(x / rms(x) * w)                          [T, dim] u16
@@ -66,9 +68,10 @@ def rms_norm_ref(x: np.ndarray, w: np.ndarray, eps: float, f16: bool = False) ->
     return ref_encode16((x / np.sqrt(var + eps) * w).astype(np.float32), f16)
 
 
-def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq: int, nkv: int):
-    """qkv [T, (nq + 2 nkv) D] f32 -> q [T, nq, D], k [T, nkv, D], v [T, nkv, D] float32:
+def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq: int, nkv: int, f16: bool = False):
+    """qkv [T, (nq + 2 nkv) D] 16-bit bits -> q [T, nq, D], k [T, nkv, D], v [T, nkv, D] float32:
     bias, then q/k RMSNorm (when given), then RoPE (rotate_half layout) at positions pos0.."""
+    qkv = ref_decode16(qkv, f16)
     T = qkv.shape[0]
     D = qkv.shape[1] // (nq + 2 * nkv)
     x = (qkv + (bias if bias is not None else 0)).reshape(T, nq + 2 * nkv, D).astype(np.float64)
@@ -86,7 +89,8 @@ def qkv_post_ref(qkv, bias, q_norm, k_norm, cos, sin, pos0: int, eps: float, nq:
 
 
 def swiglu_ref(gu: np.ndarray, f16: bool = False) -> np.ndarray:
-    """gu [T, 2 I] f32 (gate | up) -> 16-bit bits [T, I] of silu(gate) * up."""
+    """gu [T, 2 I] 16-bit bits (gate | up) -> 16-bit bits [T, I] of silu(gate) * up."""
+    gu = ref_decode16(gu, f16)
     n = gu.shape[1] // 2
     g = gu[:, :n].astype(np.float64)
     return ref_encode16((g / (1 + np.exp(-g)) * gu[:, n:]).astype(np.float32), f16)
@@ -195,11 +199,12 @@ def rms_norm_shape(n: int) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=None)
-def qkv_rope_append_kernel(NV: int):
+def qkv_rope_append_kernel(NV: int, F16: bool = False):
     """The fused q/k/v kernel for head_dim 32 NV; a warp per (token t, head slot s), launched as
     grid (T, ceil(S / WARPS)): slots [0, Hq) are q heads, then Hq..Hq+H-1 K, then V.
 
-    qkv [T, (Hq + 2H) D] f32 (the fused QKV GEMM's output); bias [(Hq + 2H) D] or empty;
+    qkv [T, (Hq + 2H) D] u16 (the fused QKV GEMM's output: bf16, or fp16 bits when F16); bias
+    [(Hq + 2H) D] f32 or empty;
     q_norm/k_norm [D] or empty; cos/sin [positions, D/2]; pos int32 device: pos[0] the chunk's first
     position (device-resident so a captured graph serves every decode step); q_out [T, Hq, D];
     kv_out [2, T_max, H, D] fp32 scratch; K/V tables [H, max_pages]; gscale [2, H].
@@ -208,6 +213,7 @@ def qkv_rope_append_kernel(NV: int):
     the old kernel, each bias / norm-weight load sat in its own branch, one load latency after
     another (~20 a warp)."""
     HALF = NV // 2
+    dec = f16_dec if F16 else bf16_dec
 
     # the 4-bit encode: a lane holds VL consecutive columns (a power of two >= NV, so a 16-value
     # group is GL whole lanes; at d 192 lanes 24.. hold none), after a pass through shared memory
@@ -278,7 +284,7 @@ def qkv_rope_append_kernel(NV: int):
         # group waited for the one before (norm weights after the norm's shuffles, then cos/sin)
         vals = cuda.local.array(NV, np.float32)
         for j in range(NV):
-            vals[j] = qkv[t, s * D + lane + 32 * j]
+            vals[j] = dec(qkv[t, s * D + lane + 32 * j])
         w = q_norm if s < Hq else k_norm
         wv = cuda.local.array(NV, np.float32)
         if normed:
@@ -378,12 +384,14 @@ def kv_gscale_kernel(part, two_level, gscale):
 
 @functools.lru_cache(maxsize=None)
 def swiglu_kernel(F16: bool):
-    """out [T, I] u16 = 16(silu(gate) * up) (bf16, or fp16 when F16), gu [T, 2I] f32 = (gate | up).
+    """out [T, I] u16 = 16(silu(gate) * up) (bf16, or fp16 when F16), gu [T, 2I] u16 = (gate | up)
+    in the same 16-bit type (the gate|up GEMM's output).
     Columns on grid x, rows on grid y (strided): no per-element index division, which is a
     ~70-instruction 64-bit divide (the flat grid-stride loop took 54 us a call for 8192 x 1024 on
     the H200 at c513766). A thread loads ROWS_IN_FLIGHT rows before it stores: Numba arrays may
     alias, so a load after a store waits for it, and one row at a time was one load latency a row."""
     enc = f16_enc if F16 else bf16_enc
+    dec = f16_dec if F16 else bf16_dec
 
     @cuda_kernel
     def swiglu(gu, out):
@@ -395,8 +403,8 @@ def swiglu_kernel(F16: bool):
             for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
                 for k in range(ROWS_IN_FLIGHT):
                     live = t0 + k < T
-                    g[k] = gu[t0 + k, c] if live else np.float32(0.0)
-                    u[k] = gu[t0 + k, n + c] if live else np.float32(0.0)
+                    g[k] = dec(gu[t0 + k, c]) if live else np.float32(0.0)
+                    u[k] = dec(gu[t0 + k, n + c]) if live else np.float32(0.0)
                 for k in range(ROWS_IN_FLIGHT):
                     if t0 + k < T:
                         out[t0 + k, c] = enc(g[k] / (np.float32(1.0) + math.exp(-g[k])) * u[k])
@@ -441,13 +449,14 @@ def launch_rms_norm(x, w, eps, out, stream, f16: bool = False):
 
 
 def launch_qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
-                           k, v, gscale, write_pages: bool, stream):
-    """k, v: (fmt id, table [H, max_pages], codes, scales) of the layer's K and V pools."""
+                           k, v, gscale, write_pages: bool, stream, f16: bool = False):
+    """k, v: (fmt id, table [H, max_pages], codes, scales) of the layer's K and V pools; qkv u16
+    bits of bf16 (fp16 when f16)."""
     T, D = qkv.shape[0], q_out.shape[2]
     S = q_out.shape[1] + 2 * kv_out.shape[2]
     if D > MAX_HEAD_DIM or D % 64:
         raise ValueError(f"the CUDA backend supports head_dim a multiple of 64 up to {MAX_HEAD_DIM}")
-    qkv_rope_append_kernel(D // 32)[(T, -(-S // WARPS)), 32 * WARPS, stream](
+    qkv_rope_append_kernel(D // 32, f16)[(T, -(-S // WARPS)), 32 * WARPS, stream](
         qkv, bias, q_norm, k_norm, cos, sin, pos, np.float32(eps), q_out, kv_out, *k, *v, gscale,
         1 if write_pages else 0)
 
@@ -476,15 +485,15 @@ def _sigs():
         (rms_norm_kernel(256, 16, True), "void(float32[:,::1], float32[::1], float32, uint16[:,::1])"),
         (kv_amax_kernel, "void(float32[:,:,:,::1], int32[::1], float32[:,:,::1])"),
         (kv_gscale_kernel, "void(float32[:,:,::1], int32[::1], float32[:,::1])"),
-        (swiglu_kernel(False), "void(float32[:,::1], uint16[:,::1])"),
-        (swiglu_kernel(True), "void(float32[:,::1], uint16[:,::1])"),
+        (swiglu_kernel(False), "void(uint16[:,::1], uint16[:,::1])"),
+        (swiglu_kernel(True), "void(uint16[:,::1], uint16[:,::1])"),
         (add_bias_kernel, "void(float32[:,::1], float32[::1])"),
     ]
     pools = {"bf16": "uint16[:,:,::1], uint8[:,:,::1]", "int8": "int8[:,:,::1], float32[:,:,::1]",
              "nvfp4": "uint8[:,:,::1], uint8[:,:,::1]"}
-    for k, v, nv in (("nvfp4", "int8", 4), ("bf16", "nvfp4", 2), ("int8", "bf16", 8)):
-        out.append((qkv_rope_append_kernel(nv),
-                    "void(float32[:,::1], float32[::1], float32[::1], float32[::1], float32[:,::1], "
+    for k, v, nv, f16 in (("nvfp4", "int8", 4, False), ("bf16", "nvfp4", 2, True), ("int8", "bf16", 8, False)):
+        out.append((qkv_rope_append_kernel(nv, f16),
+                    "void(uint16[:,::1], float32[::1], float32[::1], float32[::1], float32[:,::1], "
                     "float32[:,::1], int32[::1], float32, float32[:,:,::1], float32[:,:,:,::1], "
                     f"int64, int32[:,::1], {pools[k]}, int64, int32[:,::1], {pools[v]}, "
                     "float32[:,::1], int64)"))

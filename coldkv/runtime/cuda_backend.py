@@ -177,12 +177,12 @@ class CUDABackend:
         self.x = dev((T, a.hidden_size), f32)  # residual stream
         self.h16 = dev((T, a.hidden_size), u16)  # normed rows: GEMM input
         self.o16 = dev((T, nq * hd), u16)  # attention output rows: o_proj input
-        self.qkv = dev((T, (nq + 2 * nkv) * hd), f32)
+        self.qkv = dev((T, (nq + 2 * nkv) * hd), u16)  # 16-bit GEMM outputs (layers.py, Dtypes)
         self.q = dev((T, nq, hd), f32)
         self.o = dev((T, nq, hd), f32)
         self.kv = dev((2, T, nkv, hd), f32)  # K/V of a layer's first chunk: the 4-bit scales' amax
         self.kv_amax = dev((2, nkv, L.GSCALE_SLICES), f32)  # its maxima per token slice
-        self.gu = dev((T, 2 * a.intermediate_size), f32)
+        self.gu = dev((T, 2 * a.intermediate_size), u16)
         self.act16 = dev((T, a.intermediate_size), u16)
         self.logits = dev((1, a.vocab_size), f32)
         self.logits_all = None  # [T, vocab], made on the first all_logits call
@@ -486,7 +486,7 @@ class CUDABackend:
                 L.launch_qkv_rope_append(
                     qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, pos, eps, q, self.kv,
                     (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
-                    gscale, write_pages, s)
+                    gscale, write_pages, s, f16=f16)
 
             if not cache.calibrated[i]:  # the layer's first chunk: fp32 K/V fix the 4-bit scales first
                 post_qkv(False)

@@ -7,10 +7,13 @@ captured into a CUDA graph with the Numba kernels around them. CuPy was the firs
 binding refuses any cuBLAS call on a capturing stream (NotImplementedError, seen on the H200 with
 CuPy 14.2); torch would bring its own allocator and stream semantics.
 
-All products here are y[T, N] (f32) = x[T, K] (16-bit) @ w[N, K]^T (16-bit) (+ y when
-accumulate), fp32 accumulation: the nn.Linear layout of HF checkpoints, row-major, read by cuBLAS
-as column-major transposes (y^T = w . x^T). The 16-bit type is bf16, or fp16 for an fp16
-checkpoint (x and w alike: cuBLAS takes one input type).
+All products here are y[T, N] = x[T, K] (16-bit) @ w[N, K]^T (16-bit) (+ y when accumulate),
+fp32 accumulation: the nn.Linear layout of HF checkpoints, row-major, read by cuBLAS as
+column-major transposes (y^T = w . x^T). The 16-bit type is bf16, or fp16 for an fp16 checkpoint
+(x and w alike: cuBLAS takes one input type). y is float32 (the residual stream the o_proj and
+down GEMMs accumulate into), or uint16 bits of the 16-bit type, rounded once by cuBLAS (the QKV
+and gate|up outputs, which their kernels read: half the bytes written and read, as HF's own
+bf16 Linear outputs).
 """
 from __future__ import annotations
 
@@ -56,11 +59,13 @@ class CublasGemm:
         N = w.shape[0]
         if w.shape[1] != K or y.shape != (T, N):
             raise ValueError(f"gemm shapes: x {x.shape}, w {w.shape}, y {y.shape}")
+        if y.dtype not in (np.float32, np.uint16) or (accumulate and y.dtype != np.float32):
+            raise ValueError(f"gemm output: float32, or uint16 16-bit bits without accumulate; got {y.dtype}")
         self._cublas.gemm_ex(
             self._handle, _OP_T, _OP_N, N, T, K,
             self._alpha.ctypes.data, device_ptr(w), self._in, K,
             device_ptr(x), self._in, K,
-            self._beta[accumulate].ctypes.data, device_ptr(y), _R_32F, N,
+            self._beta[accumulate].ctypes.data, device_ptr(y), _R_32F if y.dtype == np.float32 else self._in, N,
             _COMPUTE_32F, _GEMM_DEFAULT)
 
     def __del__(self):
