@@ -860,7 +860,8 @@ def test_fa_prefill_unsplit_writes_the_output(monkeypatch):
     assert seen == [1]
 
 
-@pytest.mark.parametrize("splits,f16", [(1, False), (1, True), (2, False)])
+@pytest.mark.parametrize("splits,f16", [(1, False), pytest.param(1, True, marks=SIM_SLOW),
+                                        pytest.param(2, False, marks=SIM_SLOW)])
 def test_prefill_writes_the_16_bit_output(monkeypatch, splits, f16):
     """out16 (o_proj's input) is `out` rounded to bf16 / fp16 (ml_dtypes), bitwise: written by
     the prefill kernel itself when a chunk has one split (no reduce, no round16 pass), else by the
