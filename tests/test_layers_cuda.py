@@ -50,8 +50,8 @@ def test_rms_norm(T, n, f16):
     _close16(out.copy_to_host(), L.rms_norm_ref(x, w, 1e-6, f16), f16)
 
 
-def test_rms_norm_refuses_rows_it_cannot_hold():
-    """The kernel refuses; the CUDA backend refuses such a model up front, with the CLI's error type."""
+def test_row_kernels_refuse_rows_they_cannot_hold():
+    """The kernels refuse; the CUDA backend refuses such a model up front, with the CLI's error type."""
     import coldkv
     from coldkv.errors import PlanError
     from coldkv.runtime.cuda_backend import CUDABackend
@@ -62,6 +62,8 @@ def test_rms_norm_refuses_rows_it_cannot_hold():
     args = load_args(coldkv.DEFAULT_MODEL).replace(hidden_size=L.MAX_ROW + 64)
     with pytest.raises(PlanError, match="hidden size is 16448; use --device cpu"):
         CUDABackend(coldkv.DEFAULT_MODEL, args=args)
+    with pytest.raises(PlanError, match="even MLP width, this model's is 1025"):  # swiglu's two columns a thread
+        CUDABackend(coldkv.DEFAULT_MODEL, args=load_args(coldkv.DEFAULT_MODEL).replace(intermediate_size=1025))
 
 
 @F16
@@ -84,7 +86,7 @@ def test_elementwise_kernels_stride_over_rows(f16):
     T, n = 19, 40  # 2 row blocks x 4 rows a step: 3 steps, the last one partial
     gu = L.ref_encode16(rng.standard_normal((T, 2 * n)) * 4, f16)
     out = cuda.device_array((T, n), np.uint16)
-    L.swiglu_kernel(f16)[(1, 2), 64](cuda.to_device(gu), out)
+    L.swiglu_kernel(f16)[(1, 2), 64](cuda.to_device(gu).view(np.uint32), out.view(np.uint32))  # (launch_swiglu's views)
     _close16(out.copy_to_host(), L.swiglu_ref(gu, f16), f16)
     y = rng.standard_normal((T, n)).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)

@@ -127,6 +127,9 @@ class CUDABackend:
         if a.hidden_size > L.MAX_ROW:
             raise PlanError(f"the CUDA backend's RMSNorm takes rows of up to {L.MAX_ROW} values, this model's "
                             f"hidden size is {a.hidden_size}; use --device cpu")
+        if a.intermediate_size % 2:
+            raise PlanError(f"the CUDA backend's SwiGLU takes an even MLP width, this model's is "
+                            f"{a.intermediate_size}; use --device cpu")
         self.page_tokens, self.graphs, self.pipelined_decode = page_tokens, graphs, pipelined_decode
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
