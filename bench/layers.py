@@ -100,8 +100,8 @@ def make_ops(a, T: int, formats: list[str], page_tokens: int, rng) -> dict:
     ops = {
         "rms_norm": (lambda m, st: m.launch_rms_norm(x, w, eps, h16, st), lambda: [h16.copy_to_host()],
                      T * dim * (4 + 2)),
-        "swiglu": (lambda m, st: m.launch_swiglu(gu16d if gemm_out16(m) else gu32, act, st), lambda: [act.copy_to_host()],
-                   T * inter * (4 + 2)),
+        "swiglu": (lambda m, st: m.launch_swiglu(gu16d if gemm_out16(m) else gu32, act, st),
+                   lambda: [act.copy_to_host()], T * inter * (4 + 2)),
     }
     kv_in = dev(rng.standard_normal((2, T, nkv, hd)).astype(f32))
     two_level, g_out, parts = dev(np.ones(2, np.int32)), cuda.device_array((2, nkv), f32), {}

@@ -433,7 +433,7 @@ def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     def reduce(ws_acc, ws_ml, n_splits, out, out16):
         # 32-bit unsigned block arithmetic and array indices: the kernel is issue-bound on its
         # index math (ncu, session 29: 1168 SASS instructions, 335 IMADs, with Python's int64, the
-        # negative-index selects and a 64-bit division for range()'s runtime step; 800 this way)
+        # negative-index selects and a 64-bit division for range()'s runtime step; 848 this way)
         if pdl:  # a dependent launch: the partials are complete and visible after this
             griddep_wait()
         D = U32(out.shape[2])

@@ -113,7 +113,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     SW = D // 64
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     # E2M1 tiles hold value * scale * 2^-14 (mma_ptx.dec4_e2m1, exact): undone on the fp32 scores
-    # and outputs with the global scales, so every result is bitwise the unscaled tiles' one
+    # and outputs with the global scales (a power of two: the fp32 sums scale exactly, short of
+    # underflow)
     KSC = np.float32(2.0**14 if kf == NVFP4 else 1.0)
     VSC = np.float32(2.0**14 if vf == NVFP4 else 1.0)
     mma_k = mma_bf16 if kf == BF16 else mma_f16
@@ -827,7 +828,8 @@ def _ptx_signatures():
     out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", pre=(True, True)),
              prefill_sig(NVFP4, NVFP4, True)),
             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
-            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True), prefill_sig(BF16, BF16, True)),
+            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True),
+             prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, pv_async=True),
              prefill_sig(NVFP4, NVFP4, True)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, s_ahead=True),
