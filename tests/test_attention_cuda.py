@@ -538,6 +538,7 @@ def _devpos_cases(kf, vf, G, D, L, H, P, positions, plan_len, ws, seed, kernel="
     return out
 
 
+@SIM_SLOW  # 65-95 s in the simulator on a CI core; on a GPU test_gpu_device_position_mode covers every kernel
 def test_device_position_mode():
     """pos0 as an int32[1] device array (CUDA-graph mode): one plan_len, several positions, the
     same result as an int position and the reference; splits past the end are empty partials."""
