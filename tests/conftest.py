@@ -31,7 +31,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
-    # the PTX compiles (~10-100 s each, ~40% of the suite's CPU time) first: pytest-xdist hands the
-    # first tests to its workers in turn, so they spread over both instead of one worker running
-    # the last of them alone at the end
-    items.sort(key=lambda item: item.path.name != "test_ptx.py")
