@@ -64,7 +64,9 @@ _NEG_INF = np.float32(-np.inf)
 _VPW = {BF16: 2, INT8: 4, NVFP4: 8, ISO3: 8}
 
 # ------------------------------------------------------------------------------ operand decoders
-# (E2M1: mma_ptx.e2m1_pair)
+# (E2M1: mma_ptx.e2m1_pair, shared with the prefill kernels)
+
+
 def _sim_sub_f16x2(a, b):
     from coldkv.numba_kernels.mma_ptx import _sim_f16x2
 

@@ -90,6 +90,8 @@ def e2m1_pair(x, a):
 def dec4_e2m1(x):
     """The four pairs of a word (e2m1_pair a = 0..3), as dec8_iso3 gives ISO3's."""
     return e2m1_pair(x, 0), e2m1_pair(x, 1), e2m1_pair(x, 2), e2m1_pair(x, 3)
+
+
 # bytes of x picked by the byte_perm selector (two of them, as (b, 0x64, b', 0x64)) -> fp16x2 of
 # the signed int8 values; x must already be xor-ed with 0x80808080
 dec_i8 = _asm("{.reg .b32 a, m, c;\n mov.b32 m, 0x64646464;\n mov.b32 c, 0x64806480;\n prmt.b32 a, $1, m, $2;\n"
