@@ -89,7 +89,7 @@ def main() -> None:
             kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
                                          s_ahead=kw["mma_s_ahead"])
-            info, sass = assemble(kern.py_func, AP.kernel_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a")
+            info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a")
             counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}" if sass else ""
             print(f"{fmt} {name}:{counts}")
             for line in info:

@@ -119,7 +119,7 @@ import importlib
 from coldkv.numba_kernels.jit_cache import kernel_fingerprint
 for m in ["quant", "requant", "attention_cuda", "attention_mma", "attention_prefill", "rans", "layers", "sampling"]:
     mod = importlib.import_module("coldkv.numba_kernels." + m)
-    for fn, sig in mod.PTX_SIGNATURES:
+    for fn, sig in mod.PTX_SIGNATURES + getattr(mod, "PTX_SIGNATURES_MORE", []):
         if not fn.targetoptions.get("device"):
             print(m, fn.py_func.__qualname__, id(fn), kernel_fingerprint(fn))
 """

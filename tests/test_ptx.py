@@ -3,6 +3,10 @@
 Runs tests/ptx_check.py in a subprocess without NUMBA_ENABLE_CUDASIM: this process may already
 have imported numba.cuda as the simulator. Add a kernel module to PTX_MODULES to check it
 (MODULE:I/N: a shard of a long list, so that CI's two workers compile it side by side).
+The kernel modules with many builds list the runtime's and one of each code path in
+PTX_SIGNATURES, and the benchmark's other variants in PTX_SIGNATURES_MORE, compiled with -m slow
+(CI's time: each takes 3-8 s of one core). Before a device call run both: `pytest
+tests/test_ptx.py -m "slow or not slow"`.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ PTX_MODULES = [
     "coldkv.numba_kernels.requant",
     "coldkv.numba_kernels.attention_cuda",
     "coldkv.numba_kernels.attention_mma",
-    "coldkv.numba_kernels.attention_prefill:0/2",  # ~20 wgmma / mma.sync kernels, ~2.5 min on one core
+    "coldkv.numba_kernels.attention_prefill:0/2",  # 15 wgmma / mma.sync kernels, ~1.7 min on one core
     "coldkv.numba_kernels.attention_prefill:1/2",
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
@@ -27,7 +31,11 @@ PTX_MODULES = [
 ]
 
 
-@pytest.mark.parametrize("module", PTX_MODULES)
+PTX_MORE = [f"coldkv.numba_kernels.{m}=PTX_SIGNATURES_MORE" for m in ("attention_cuda", "attention_mma")]
+PTX_MORE += [f"coldkv.numba_kernels.attention_prefill=PTX_SIGNATURES_MORE:{i}/2" for i in range(2)]
+
+
+@pytest.mark.parametrize("module", PTX_MODULES + [pytest.param(m, marks=pytest.mark.slow) for m in PTX_MORE])
 def test_kernels_compile_to_ptx(module):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
