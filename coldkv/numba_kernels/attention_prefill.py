@@ -161,11 +161,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         cuda.syncthreads()
 
     @cuda.jit(device=True)
-    def key_scale(ksr, i, kc):
-        """What a score of shared key i is multiplied by: the 4-bit plane's 1 / g, an int8 row
-        scale, or 1 (bf16)."""
-        if K4:
-            return kc
+    def key_scale(ksr, i):
+        """What a score of shared key i is multiplied by before the softmax: an int8 row scale, or
+        1 (bf16; 4-bit keys: their plane's kc is applied in the softmax)."""
         if kf == INT8:
             return ksr[i]
         return f32(1.0)
@@ -494,20 +492,21 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if run:
                 # ---- scales and the mask (diagonal / end of the split / holes only)
                 # two loops, so that the common tile (no mask) has no per-score branch; bf16
-                # keys (scale 1) skip the second one entirely
+                # keys (scale 1) and 4-bit keys (one scale kc for the plane, applied to the row
+                # maxima and in the exponent's FFMA below) skip the second one entirely
                 if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
                     for u in range(NKT):
                         for e in range(2):
                             kk = 8 * u + 2 * tig + e
-                            sc = key_scale(ksr, buf * CHB + kk, kc)
+                            sc = key_scale(ksr, buf * CHB + kk)
                             g = k0 + kk
                             okk = g < ke and (not holes or kval[buf * CHB + kk] != 0)
                             sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
                             sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
-                elif K4 or kf == INT8:
+                elif kf == INT8:
                     for u in range(NKT):
                         for e in range(2):
-                            sc = key_scale(ksr, buf * CHB + 8 * u + 2 * tig + e, kc)
+                            sc = key_scale(ksr, buf * CHB + 8 * u + 2 * tig + e)
                             sv[u, e] = sv[u, e] * sc
                             sv[u, 2 + e] = sv[u, 2 + e] * sc
                 # ---- online softmax, rows gid (slots 0, 1) and gid + 8 (2, 3)
@@ -520,6 +519,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
                 mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
+                if K4:  # the scores are q . (value x E4M3 scale): the row maxima in m's units
+                    mx0 *= kc
+                    mx1 *= kc
                 if SA:  # the same rescale without a branch (x 1 when the max stays): a divergent
                     # write of O's registers with an MMA in flight serializes every wgmma (ptxas)
                     up0 = mx0 > m0 + _LAZY
@@ -562,7 +564,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 for u in range(NKT):
                     for i in range(4):
                         x = sv[u, i]
-                        pr_ = ex2(x - (ms0 if i < 2 else ms1))
+                        if K4:  # one FFMA: kc > 0, so ms is kc x the raw scores' max
+                            pr_ = ex2(x * kc - (ms0 if i < 2 else ms1))
+                        else:
+                            pr_ = ex2(x - (ms0 if i < 2 else ms1))
                         if i < 2:
                             l0 += pr_
                         else:
@@ -813,35 +818,39 @@ def wg_prepare(kern, sig: str, nbytes: int) -> None:
     _WG_READY.add(key)
 
 
-def _ptx_signatures():
+def _ptx_signatures() -> tuple[list, list]:
+    """(CI's list: "fa" for each format and lane layout, the runtime's device-position builds on
+    sm_90 (`_prefill_auto`: wg8s for 4-bit K and V, else wg8a), a pre-decoded plane and its
+    predecode; the rest, run with -m slow: the benchmark's other variants and shapes)."""
     fm = [BF16, INT8, NVFP4, ISO3]
     out = [(get_prefill_kernel(f, f, 2, 128), prefill_sig(f, f)) for f in fm]
-    out += [(get_prefill_kernel(NVFP4, ISO3, 4, 128), prefill_sig(NVFP4, ISO3)),
-            (get_prefill_kernel(INT8, NVFP4, 6, 256), prefill_sig(INT8, NVFP4)),
+    out += [(get_prefill_kernel(INT8, NVFP4, 6, 256), prefill_sig(INT8, NVFP4)),
             (get_prefill_kernel(BF16, INT8, 1, 64), prefill_sig(BF16, INT8)),
             (get_prefill_kernel(ISO3, BF16, 8, 128, True), prefill_sig(ISO3, BF16, True)),
+            (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, pre=(True, True)), prefill_sig(NVFP4, ISO3, True))]
+    wg8a = {"kind": "wg", "warps": 8, "pv_async": True}
+    out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, s_ahead=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(ISO3, NVFP4, 2, 128, True, s_ahead=True, **wg8a), prefill_sig(ISO3, NVFP4, True)),
+            (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
+            (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4))]
+    predecode_sig = ("void({}, int64, int64, int64, uint32[::1], uint32[::1], int32[:,:,::1], int64, "
+                     "uint32[::1])")
+    out += [(_build_predecode(fmt, 128, True), predecode_sig.format("int32[::1]")) for fmt in (NVFP4, ISO3)]
+    more = [(get_prefill_kernel(NVFP4, ISO3, 4, 128), prefill_sig(NVFP4, ISO3)),
             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, warps=8), prefill_sig(NVFP4, NVFP4)),
             (get_prefill_kernel(BF16, BF16, 4, 128, warps=8), prefill_sig(BF16, BF16)),
-            (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, pre=(True, True)), prefill_sig(NVFP4, ISO3, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, pre=(False, True)), prefill_sig(INT8, NVFP4))]
-    out += [(get_prefill_kernel(f, f, 2, 128, kind="wg"), prefill_sig(f, f)) for f in fm]  # wgmma: sm_90a
-    out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", pre=(True, True)),
-             prefill_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
-            (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True),
-             prefill_sig(BF16, BF16, True)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, pv_async=True),
-             prefill_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", warps=8, s_ahead=True),
-             prefill_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(BF16, INT8, 4, 128, kind="wg", warps=8, s_ahead=True), prefill_sig(BF16, INT8)),
-            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4))]
-    for fmt in (NVFP4, ISO3):
-        for devpos in (False, True):
-            out.append((_build_predecode(fmt, 128, devpos),
-                        f"void({'int32[::1]' if devpos else 'int64'}, int64, int64, int64, uint32[::1], uint32[::1], "
-                        "int32[:,:,::1], int64, uint32[::1])"))
-    return out
+    more += [(get_prefill_kernel(f, f, 2, 128, kind="wg"), prefill_sig(f, f)) for f in fm]
+    more += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", pre=(True, True)),
+              prefill_sig(NVFP4, NVFP4, True)),
+             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
+             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True),
+              prefill_sig(BF16, BF16, True)),
+             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
+             (get_prefill_kernel(BF16, INT8, 4, 128, s_ahead=True, **wg8a), prefill_sig(BF16, INT8))]
+    more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
+    return out, more
 
 
-PTX_SIGNATURES = _ptx_signatures()
+PTX_SIGNATURES, PTX_SIGNATURES_MORE = _ptx_signatures()
