@@ -736,6 +736,39 @@ def test_gpu_decode_tokens_on_rows(kernel, kname, vname, G, D):
     _tm_case(kernel, kname, vname, G, D, 20000 + 17, 2, 64, G + D, 1024)
 
 
+def test_long_splits_read_32_token_chunks():
+    """The rule: 32-token chunks for the measured 4-bit builds from 12 pages a warp, whole chunks of
+    a page only; every other build keeps its 16-token chunks."""
+    assert A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 12) and A.long_chunks(Q.ISO3, Q.ISO3, 4, 128, 32, 40)
+    assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 11)
+    assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 48, 40)  # a page of 1.5 chunks
+    assert not any(A.long_chunks(kf, vf, G, D, 64, 40) for kf, vf, G, D in [
+        (Q.INT8, Q.INT8, 4, 128), (Q.BF16, Q.BF16, 4, 128), (Q.NVFP4, Q.NVFP4, 6, 256), (Q.NVFP4, Q.ISO3, 4, 128)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "iso3"])
+def test_gpu_decode_long_splits_read_32_token_chunks(fmt):
+    """The default build where a warp has >= 12 pages (49169 tokens over a 64-split workspace: 13)
+    is the ring with 32-token chunks: bitwise the explicit mma_tiles=4 build, eager and from a
+    device position, and within the reference's bound."""
+    f, G, H, D, P, L = FMTS[fmt], 4, 1, 128, 64, 49152 + 17
+    pools, table, gscale, kd, vd = make_cache(f, f, L, H, D, P, 21)
+    q = np.random.default_rng(22).standard_normal((1, G * H, D)).astype(np.float32)
+    (kc, ks), (vc, vs) = pools
+    dev = [cuda.to_device(a) for a in (q, kc, ks, vc, vs, gscale, table)]
+    outs = []
+    for pos, kw in [(L - 1, {}), (L - 1, {"mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}),
+                    (cuda.to_device(np.array([L - 1], np.int32)), {"plan_len": L})]:
+        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
+        A.paged_attention_cuda(dev[0], out, pos, 0.125, f, dev[1], dev[2], f, dev[3], dev[4], dev[5], dev[6],
+                               A.AttentionWorkspace(64, 1, G * H, D), kernel="mma", **kw)
+        outs.append(out.copy_to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    check(outs[0], *references(q, kd, vd, L - 1, 0.125, f, f, "mma_tm_t4"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma", "mma_k8off", "mma_qs96"])
 @pytest.mark.parametrize("vname,G,D,P", [("int8", 4, 128, 64), ("nvfp4", 8, 64, 16), ("bf16", 6, 256, 32),

@@ -691,6 +691,20 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
               (NVFP4, ISO3, 6, 256): (0, 168, False, False, True, True)}
 
 
+# Pages a warp from which `_MMA_TUNED`'s ring build reads 32-token chunks (mma_tiles 4) instead of
+# 16: H100, 32/8/128, pages of 64 (docs/kernels.md "Tokens on the MMA rows"): nvfp4 40.6 / 87.1 /
+# 182.0 us against 37.6 / 85.5 / 195.7 at 32768 / 131072 / 360000 tokens (2 / 8 / 22 pages a
+# warp), iso3 alike: the crossover is near 11 pages a warp.
+_LONG_CHUNKS = {(NVFP4, NVFP4, 4, 128): 12, (ISO3, ISO3, 4, 128): 12}
+
+
+def long_chunks(k_fmt, v_fmt, G: int, D: int, P: int, pages_per_warp: int) -> bool:
+    """Whether `_MMA_TUNED`'s ring build (K, V, G, D) reads 32-token chunks for a split plan of
+    `pages_per_warp` pages of P tokens (`_LONG_CHUNKS`; the ring copies whole chunks of a page)."""
+    need = _LONG_CHUNKS.get((int(k_fmt), int(v_fmt), G, D), 0)
+    return bool(need) and pages_per_warp >= need and P % 32 == 0
+
+
 def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
                      mma_qsmem=None, mma_bulk=None, mma_tm=None) -> tuple:
     """(mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm) of the tensor-core decode
@@ -972,6 +986,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         from coldkv.numba_kernels import attention_mma
 
         asked_bulk = mma_bulk
+        auto_build = not mma_tiles and max_registers is None and mma_pipe is None and mma_qsmem is None
         mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm = mma_decode_build(
             k_fmt, v_fmt, G, D, mma_tiles, max_registers, mma_pipe, mma_qsmem, mma_bulk, mma_tm)
         k8 = bool(mma_k8) and attention_mma.supports_k8(k_fmt, G, D)
@@ -993,8 +1008,18 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
         graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
                                               mma_pipe, k8, mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
-        _, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits,
-                              _resident_blocks(graph_kern, attention_mma.kernel_sig(k_fmt, v_fmt, True)))
+        gsig = attention_mma.kernel_sig(k_fmt, v_fmt, True)
+        resident = _resident_blocks(graph_kern, gsig)
+        ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits, resident)
+        if auto_build and mma_bulk and mma_tm and not mma_tiles and long_chunks(k_fmt, v_fmt, G, D, P, ppw):
+            # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp);
+            # kept only with the same residency, hence the same plan: eager and graph add alike
+            t4 = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, 4, max_registers, mma_u64, mma_pipe, k8,
+                                          mma_qsmem, True, mma_tm, bool(mma_pdl))
+            if _resident_blocks(t4, gsig) == resident:
+                kern = t4 if devpos else attention_mma.get_kernel(
+                    k_fmt, v_fmt, G, D, False, 4, max_registers, mma_u64, mma_pipe, k8, mma_qsmem, True, mma_tm,
+                    bool(mma_pdl))
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:
