@@ -1,6 +1,7 @@
 """Shared by the benchmark drivers (run as `python bench/X.py`, so this imports as `benchutil`)."""
 from __future__ import annotations
 
+import functools
 import subprocess
 from pathlib import Path
 
@@ -134,6 +135,7 @@ def clocks_under_load(fn, seconds: float = 0.5, sync=None) -> dict | None:
     return parse_smi(out.splitlines(), start, end)
 
 
+@functools.lru_cache(maxsize=None)
 def gemm_out16(m) -> bool:
     """Whether a numba_kernels/layers.py version reads the QKV and gate|up GEMM outputs as 16-bit
     bits (session 30 on; float32 before): its qkv_rope_append_kernel builder takes F16."""

@@ -313,11 +313,12 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, chb=128)
 
 
-def _decode_builds_equal(kf, vf, L, P, seed, knobs, holes=()):
-    """Decode (G 2, d 64, one kv head) with the tensor-core kernel under each knob setting of `knobs`
-    (paged_attention_cuda keywords) over one cache, (plane, page) entries of `holes` unallocated:
-    the outputs are finite and bitwise equal."""
-    G, D, H = 2, 64, 1
+def _decode_builds_equal(kf, vf, L, P, seed, knobs, holes=(), G=2, D=64, splits=16):
+    """Decode (one kv head) with the tensor-core kernel under each knob setting of `knobs`
+    (paged_attention_cuda keywords; one with plan_len launches from a device position) over one
+    cache, (plane, page) entries of `holes` unallocated: the outputs are finite and bitwise equal.
+    Returns (the output, q, dense K, dense V) for a reference check."""
+    H = 1
     pools, table, gscale, kd, vd = make_cache(kf, vf, L, H, D, P, seed)
     table = table.copy()
     for plane, page in holes:
@@ -327,14 +328,16 @@ def _decode_builds_equal(kf, vf, L, P, seed, knobs, holes=()):
     outs = []
     for kw in knobs:
         out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
-        A.paged_attention_cuda(cuda.to_device(q), out, L - 1, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
+        pos = cuda.to_device(np.array([L - 1], np.int32)) if "plan_len" in kw else L - 1
+        A.paged_attention_cuda(cuda.to_device(q), out, pos, 0.125, kf, cuda.to_device(kc), cuda.to_device(ks),
                                vf, cuda.to_device(vc), cuda.to_device(vs), cuda.to_device(gscale),
-                               cuda.to_device(table), A.AttentionWorkspace(16, 1, G * H, D), check_cold=False,
+                               cuda.to_device(table), A.AttentionWorkspace(splits, 1, G * H, D), check_cold=False,
                                kernel="mma", **kw)
         outs.append(out.copy_to_host())
     assert np.isfinite(outs[0]).all()
     for o in outs[1:]:
         np.testing.assert_array_equal(outs[0], o)
+    return outs[0], q, kd, vd
 
 
 def test_pipelined_decode_equals_plain_with_unallocated_pages():
@@ -752,21 +755,10 @@ def test_gpu_decode_long_splits_read_32_token_chunks(fmt):
     """The default build where a warp has >= 12 pages (49169 tokens over a 64-split workspace: 13)
     is the ring with 32-token chunks: bitwise the explicit mma_tiles=4 build, eager and from a
     device position, and within the reference's bound."""
-    f, G, H, D, P, L = FMTS[fmt], 4, 1, 128, 64, 49152 + 17
-    pools, table, gscale, kd, vd = make_cache(f, f, L, H, D, P, 21)
-    q = np.random.default_rng(22).standard_normal((1, G * H, D)).astype(np.float32)
-    (kc, ks), (vc, vs) = pools
-    dev = [cuda.to_device(a) for a in (q, kc, ks, vc, vs, gscale, table)]
-    outs = []
-    for pos, kw in [(L - 1, {}), (L - 1, {"mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}),
-                    (cuda.to_device(np.array([L - 1], np.int32)), {"plan_len": L})]:
-        out = cuda.to_device(np.full((1, G * H, D), np.nan, np.float32))
-        A.paged_attention_cuda(dev[0], out, pos, 0.125, f, dev[1], dev[2], f, dev[3], dev[4], dev[5], dev[6],
-                               A.AttentionWorkspace(64, 1, G * H, D), kernel="mma", **kw)
-        outs.append(out.copy_to_host())
-    np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_array_equal(outs[0], outs[2])
-    check(outs[0], *references(q, kd, vd, L - 1, 0.125, f, f, "mma_tm_t4"))
+    f, L = FMTS[fmt], 49152 + 17
+    t4 = {"mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}
+    got, q, kd, vd = _decode_builds_equal(f, f, L, 64, 21, [{}, t4, {"plan_len": L}], G=4, D=128, splits=64)
+    check(got, *references(q, kd, vd, L - 1, 0.125, f, f, "mma_tm_t4"))
 
 
 @pytest.mark.gpu

@@ -413,6 +413,13 @@ def _enc16(to16: int):
     return f16_enc if to16 == TO16_FP16 else bf16_enc
 
 
+def _to16_args(out, out16, out16_fp16: bool, write: bool = True) -> tuple:
+    """(to16, the kernel's out16 argument): what a kernel writes besides `out`, and the array it
+    writes there (`out`'s bits when nothing: an unused argument of the right type)."""
+    to16 = TO16_NONE if out16 is None or not write else TO16_FP16 if out16_fp16 else TO16_BF16
+    return to16, out.view(np.uint16) if out16 is None else out16
+
+
 @functools.lru_cache(maxsize=None)
 def _reduce_kernel(to16: int = TO16_NONE, pdl: bool = False):
     """out[t, hq, :] = merge of the n_splits partials (m in log2 units, l, acc) of row (t, hq).
@@ -569,8 +576,7 @@ def _reduce(ws_acc, ws_ml, splits, out, stream, out16=None, out16_fp16=False, pd
     from numba import config
 
     T, Hq, D = out.shape
-    to16 = TO16_NONE if out16 is None else TO16_FP16 if out16_fp16 else TO16_BF16
-    o16 = out.view(np.uint16) if out16 is None else out16  # the kernel's unused argument when TO16_NONE
+    to16, o16 = _to16_args(out, out16, out16_fp16)
     if T * Hq > 256:  # prefill chunks: a warp per row
         kern, grid, block = _reduce_rows_kernel(to16, pdl), -(-T * Hq // _RED_ROWS_WARPS), 32 * _RED_ROWS_WARPS
     else:  # decode rows
@@ -975,8 +981,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                                                    prefill_scratch[plane], stream)
                 words[plane] = prefill_scratch[plane]
         # a one-split launch writes out16 itself; split ones leave it to the merge
-        to16 = TO16_NONE if out16 is None or not direct else TO16_FP16 if out16_fp16 else TO16_BF16
-        o16 = out.view(np.uint16) if out16 is None else out16  # (unused with TO16_NONE)
+        to16, o16 = _to16_args(out, out16, out16_fp16, write=direct)
         kern[(nqb, splits, H), threads, stream, dyn](q, pos0, qscale, P, words[0], ksc, words[1], vsc, gscale,
                                                      table, ws_acc, ws_ml, o16, to16)
         if not direct:
