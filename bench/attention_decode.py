@@ -84,8 +84,9 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # 168 registers (24/4/256: 3 blocks an SM instead of the default's 2 at 190 registers; no spill, loop
 # 970 against 1040 for nvfp4, 1194 against 1264 for iso3), "tmqs96" tm through the ring with q in shared
 # memory at 96 registers (5 blocks an SM; nvfp4: 8 B spilled, loop 763 a 16 tokens), "tmbr168" tmr168
-# through the ring (the 4-bit formats' default at 24/4/256 since c22a5fb); "notm" the default's knobs
-# without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28;
+# through the ring (the 4-bit formats' default at 24/4/256 since c22a5fb), "tmb128" tm through the ring
+# at 128 registers (the 4-bit formats' default at 32/8/128, for shapes `_MMA_TUNED` lacks); "notm" the
+# default's knobs without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28;
 # timed at ffa233c on the H100: 1-2% slower at every context, e.g. nvfp4 87.0 against 85.5 us at 131072).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
@@ -109,6 +110,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "tmbulkt4r96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 96},
        "tmr168": {"kernel": "mma", "mma_tm": True, "max_registers": 168},
        "tmbr168": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "max_registers": 168},
+       "tmb128": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "max_registers": 128},
        "tmqs96": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_qsmem": True, "max_registers": 96}}
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before tm became their default (@notm, c22a5fb)
