@@ -62,7 +62,7 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # at 128 (measured no better since dd17991), "pN" mma_pipe off at 128 registers (bf16's setting
 # before dd17991), "k8off" int8 keys decoded to fp16 instead of s8 MMAs (attention_mma k8, the
 # default), "ws128" a workspace of 128 splits (32 blocks per kv head, half the default's at 131072
-# tokens: a shorter reduce, 2 blocks per SM instead of 4), "qs96" q's MMA fragments in shared memory
+# tokens: a shorter reduce, 2 blocks per SM instead of 4; ws64, ws256 alike), "qs96" q's MMA fragments in shared memory
 # at 96 registers (attention_mma qsmem: int8 then runs 5 blocks per SM instead of 4; session 20),
 # "qs80" the same at 80 (6 blocks, 11 spill loads/stores in int8's chunk loop by the SASS), "qs128"
 # at 128 (4 blocks, as the default; session 21's SASS: int8's chunk issues its 8 K and V loads before
@@ -94,7 +94,8 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "p128": {"kernel": "mma", "mma_pipe": True, "max_registers": 128},
        "pN": {"kernel": "mma", "mma_pipe": False, "max_registers": 128},
        "k8off": {"kernel": "mma", "mma_k8": False},
-       "ws128": {"kernel": "mma", "ws_splits": 128},
+       "ws64": {"kernel": "mma", "ws_splits": 64}, "ws128": {"kernel": "mma", "ws_splits": 128},
+       "ws256": {"kernel": "mma", "ws_splits": 256},
        "qs96": {"kernel": "mma", "mma_qsmem": True, "max_registers": 96},
        "qs80": {"kernel": "mma", "mma_qsmem": True, "max_registers": 80},
        "qs128": {"kernel": "mma", "mma_qsmem": True, "max_registers": 128},
