@@ -692,6 +692,9 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
               (INT8, INT8, 4, 128): (0, 128, False, True, False, False),
               (ISO3, ISO3, 4, 128): (0, 128, False, False, True, True),
               (NVFP4, ISO3, 4, 128): (0, 128, False, False, True, True),
+              (NVFP4, NVFP4, 2, 128): (0, 128, False, False, True, True),  # the bundled model's shape
+              (ISO3, ISO3, 2, 128): (0, 128, False, False, True, True),
+              (NVFP4, ISO3, 2, 128): (0, 128, False, False, True, True),
               (NVFP4, NVFP4, 6, 256): (0, 168, False, False, True, True),
               (ISO3, ISO3, 6, 256): (0, 168, False, False, True, True),
               (NVFP4, ISO3, 6, 256): (0, 168, False, False, True, True)}
