@@ -687,6 +687,10 @@ def _cold_in_range(table, n_pages: int) -> bool:
 # (bf16 198.9 either way); 24/4/256 with the ring at 168 registers (3 blocks an SM instead of 2)
 # nvfp4 117.2 -> 98.7 / 261.6 -> 191.2, iso3 129.4 -> 107.4 / 296.1 -> 218.2; nvfp4/iso3 120.7 / 274.6
 # at 29ea3c3 -> 101.2 / 203.1 at 835aea4 (logs/attention_decode_h100_{29ea3c3,835aea4}.json).
+# The bundled model's 4/2/128 (G 2) had no entry (the plain loop, uncapped: 130 registers, 3 blocks an
+# SM); the 32/8/128 4-bit knobs there, H100, graph replay us, nvfp4 at 4096 / 8192 / 16384 / 32768 /
+# 65536 / 131072 tokens: 16.2 / 16.4 / 17.0 / 20.1 / 28.0 / 37.1 against 18.2 / 18.7 / 19.1 / 21.5 /
+# 30.0 / 44.6, iso3 alike (logs/decode_g2_h100_ffc02d7.json, decode_g2_short_h100_2b193e5.json).
 _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
               (NVFP4, NVFP4, 4, 128): (0, 128, False, False, True, True),
               (INT8, INT8, 4, 128): (0, 128, False, True, False, False),
