@@ -11,9 +11,10 @@ and repeated to the length. For each prompt length and KV table:
           prefill_s and decode_s as the engine times them (each decode step ends with the
           GPU-sampled token copied to the host). A short warm-up generate per table runs first
           (Numba compiles each kernel variant once per process; that compile time is not in the
-          numbers). Then max(2, --repeats) generates of the prompt: the first makes a cache of a
-          new size and captures its graphs (`*_new_cache` fields), the others reuse its device
-          memory and replay them, as a server's later requests do; their median is reported.
+          numbers). Then 1 + max(3, --repeats) generates of the prompt: the first makes a cache of
+          a new size and captures its graphs (`*_new_cache` fields), the others reuse its device
+          memory and replay them, as a server's later requests do; their median is reported (at
+          least three: with two, the median was their mean, and one slow run moved a row by 20%).
   HF      bf16 weights, attn_implementation="sdpa", greedy `generate`; prefill = one forward
           of the prompt (use_cache=True), decode rate = (new - 1) / (time(generate new) -
           time(generate 1)). CUDA-synchronized wall clock, median of --repeats.
@@ -167,7 +168,7 @@ def main() -> None:
                 for kern in kernels:
                     # run 1 captures the graphs for this cache size; runs 2.. reuse its arena and replay
                     runs = [time_coldkv(backends[kern], tok, ids, resolve_table(name, n_layers), a.new)
-                            for _ in range(max(2, a.repeats))]
+                            for _ in range(1 + max(3, a.repeats))]
                     pre = float(np.median([r[0] for r in runs[1:]]))
                     dec = float(np.median([r[1] for r in runs[1:]]))
                     toks = runs[0][2]
