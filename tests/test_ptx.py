@@ -28,6 +28,7 @@ PTX_MODULES = [
     "coldkv.numba_kernels.rans",
     "coldkv.numba_kernels.layers",
     "coldkv.numba_kernels.sampling",
+    "coldkv.numba_kernels.gemv",
 ]
 
 
