@@ -81,7 +81,7 @@ def make_product(K, N, pro, epi, gemm, rng):
         cuda.synchronize()
         got = y_d.copy_to_host()
         got = L.ref_decode16(got).astype(np.float64) if epi == G.OUT16 else got.astype(np.float64)
-        a = G.gemv_ref_input(src, prologue=pro, norm_w=norm_w, eps=1e-6)
+        a = L.ref_decode16(G.gemv_input16(src, prologue=pro, norm_w=norm_w, eps=1e-6)).astype(np.float64)
         wf = L.ref_decode16(w16).astype(np.float64)
         ref = wf @ a + (y0 if epi == G.ACC else 0)
         prods = np.abs(wf * a)

@@ -31,7 +31,7 @@ def _case(prologue, epilogue, N, K, f16, seed):
     got = y.copy_to_host()
     got = L.ref_decode16(got, f16).astype(np.float64) if epilogue == G.OUT16 else got.astype(np.float64)
 
-    a = G.gemv_ref_input(src, prologue=prologue, norm_w=norm_w, eps=1e-6, f16=f16)
+    a = L.ref_decode16(G.gemv_input16(src, prologue=prologue, norm_w=norm_w, eps=1e-6, f16=f16), f16).astype(np.float64)
     prods = np.abs(L.ref_decode16(w16, f16).astype(np.float64) * a)  # [N, K]
     ref = (L.ref_decode16(w16, f16).astype(np.float64) @ a) + (y0 if epilogue == G.ACC else 0)
     step = 2.0**-10 if f16 else 2.0**-7  # one 16-bit step, relative

@@ -44,33 +44,26 @@ MAX_K = 16384  # a as 16-bit pairs: 32 KB of static shared memory
 
 
 # ==================================================================================== reference
+def gemv_input16(src, *, prologue: int, norm_w=None, eps: float = 1e-6, f16: bool = False) -> np.ndarray:
+    """The 16-bit bits [K] of the GEMV's input a: the prologue of the module docstring on src."""
+    if prologue == NORM:
+        return rms_norm_ref(np.asarray(src, np.float32)[None], np.asarray(norm_w, np.float32), eps, f16)[0]
+    if prologue == SWIGLU:
+        return swiglu_ref(np.asarray(src, np.uint16)[None], f16)[0]
+    return np.asarray(src, np.uint16)
+
+
 def gemv_ref(src, w16, *, prologue: int, epilogue: int, norm_w=None, eps: float = 1e-6, y=None,
              f16: bool = False) -> np.ndarray:
     """The spec. src: x [K] float32 (NORM), gu [2K] 16-bit bits (SWIGLU) or a [K] 16-bit bits (NONE);
     w16 [N, K] 16-bit bits. -> y [N]: 16-bit bits (OUT16), y + a.w (ACC, y given) or a.w float32."""
-    if prologue == NORM:
-        a16 = rms_norm_ref(np.asarray(src, np.float32)[None], np.asarray(norm_w, np.float32), eps, f16)[0]
-    elif prologue == SWIGLU:
-        a16 = swiglu_ref(np.asarray(src, np.uint16)[None], f16)[0]
-    else:
-        a16 = np.asarray(src, np.uint16)
-    out = ref_decode16(w16, f16).astype(np.float64) @ ref_decode16(a16, f16).astype(np.float64)
+    a = ref_decode16(gemv_input16(src, prologue=prologue, norm_w=norm_w, eps=eps, f16=f16), f16)
+    out = ref_decode16(w16, f16).astype(np.float64) @ a.astype(np.float64)
     if epilogue == OUT16:
         return ref_encode16(out.astype(np.float32), f16)
     if epilogue == ACC:
         return (np.asarray(y, np.float64) + out).astype(np.float32)
     return out.astype(np.float32)
-
-
-def gemv_ref_input(src, *, prologue: int, norm_w=None, eps: float = 1e-6, f16: bool = False) -> np.ndarray:
-    """a [K] as float64: the 16-bit input the reference multiplies (for error bounds)."""
-    if prologue == NORM:
-        a16 = rms_norm_ref(np.asarray(src, np.float32)[None], np.asarray(norm_w, np.float32), eps, f16)[0]
-    elif prologue == SWIGLU:
-        a16 = swiglu_ref(np.asarray(src, np.uint16)[None], f16)[0]
-    else:
-        a16 = np.asarray(src, np.uint16)
-    return ref_decode16(a16, f16).astype(np.float64)
 
 
 # ==================================================================================== kernel
