@@ -150,8 +150,9 @@ def gemv_kernel(prologue: int, epilogue: int, F16: bool = False):
                     a = aw[i]
                     a0 = lo(a)
                     a1 = hi(a)
-                    for r in range(ROWS):
-                        acc[r] += a0 * lo(wv[u, r]) + a1 * hi(wv[u, r])
+                    for r in range(ROWS):  # two FFMAs (a0 w0 + a1 w1 first was FMUL, FFMA, FADD)
+                        acc[r] += a0 * lo(wv[u, r])
+                        acc[r] += a1 * hi(wv[u, r])
         for r in range(ROWS):
             s = _warp_sum(acc[r])
             if lane == r and n0 + r < N:
