@@ -32,14 +32,9 @@ def _case(prologue, epilogue, N, K, f16, seed):
     got = L.ref_decode16(got, f16).astype(np.float64) if epilogue == G.OUT16 else got.astype(np.float64)
 
     a = L.ref_decode16(G.gemv_input16(src, prologue=prologue, norm_w=norm_w, eps=1e-6, f16=f16), f16).astype(np.float64)
-    prods = np.abs(L.ref_decode16(w16, f16).astype(np.float64) * a)  # [N, K]
-    ref = (L.ref_decode16(w16, f16).astype(np.float64) @ a) + (y0 if epilogue == G.ACC else 0)
-    step = 2.0**-10 if f16 else 2.0**-7  # one 16-bit step, relative
-    bound = 2 * K * 2.0**-24 * prods.sum(1)  # float32 sums in another order
-    if prologue == G.NORM:  # a's sum of squares in another order: a few inputs one step away
-        bound += 4 * step * prods.max(1)
-    if epilogue == G.OUT16:  # the output's own rounding: half a step
-        bound += 0.5 * step * np.abs(ref) * (1 + 1e-6)
+    wf = L.ref_decode16(w16, f16).astype(np.float64)
+    ref = wf @ a + (y0 if epilogue == G.ACC else 0)
+    bound = G.gemv_bound(wf, a, ref, prologue=prologue, epilogue=epilogue, f16=f16)
     spec = G.gemv_ref(src, w16, prologue=prologue, epilogue=epilogue, norm_w=norm_w, eps=1e-6,
                       y=y0, f16=f16)
     spec = L.ref_decode16(spec, f16) if epilogue == G.OUT16 else spec

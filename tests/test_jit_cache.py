@@ -116,9 +116,9 @@ def _offline(code: str, cache_dir, seed: int) -> str:
 
 _FINGERPRINTS = """
 import importlib
+from coldkv.numba_kernels import KERNEL_MODULES
 from coldkv.numba_kernels.jit_cache import kernel_fingerprint
-for m in ["quant", "requant", "attention_cuda", "attention_mma", "attention_prefill", "rans", "layers", "sampling",
-          "gemv"]:
+for m in KERNEL_MODULES:
     mod = importlib.import_module("coldkv.numba_kernels." + m)
     for fn, sig in mod.PTX_SIGNATURES + getattr(mod, "PTX_SIGNATURES_MORE", []):
         if not fn.targetoptions.get("device"):

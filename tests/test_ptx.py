@@ -1,8 +1,9 @@
 """Compile every CUDA kernel to PTX for sm_90 (catches typing the simulator lets through).
 
 Runs tests/ptx_check.py in a subprocess without NUMBA_ENABLE_CUDASIM: this process may already
-have imported numba.cuda as the simulator. Add a kernel module to PTX_MODULES to check it
-(MODULE:I/N: a shard of a long list, so that CI's two workers compile it side by side).
+have imported numba.cuda as the simulator. A kernel module in coldkv.numba_kernels.KERNEL_MODULES
+is checked (MODULE:I/N in PTX_MODULES: a shard of a long list, so that CI's two workers compile it
+side by side).
 The kernel modules with many builds list the runtime's and one of each code path in
 PTX_SIGNATURES, and the benchmark's other variants in PTX_SIGNATURES_MORE, compiled with -m slow
 (CI's time: each takes 3-8 s of one core). Before a device call run both: `pytest
@@ -17,19 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from coldkv.numba_kernels import KERNEL_MODULES
+
 ROOT = Path(__file__).resolve().parents[1]
-PTX_MODULES = [
-    "coldkv.numba_kernels.quant",
-    "coldkv.numba_kernels.requant",
-    "coldkv.numba_kernels.attention_cuda",
-    "coldkv.numba_kernels.attention_mma",
-    "coldkv.numba_kernels.attention_prefill:0/2",  # 15 wgmma / mma.sync kernels, ~1.7 min on one core
-    "coldkv.numba_kernels.attention_prefill:1/2",
-    "coldkv.numba_kernels.rans",
-    "coldkv.numba_kernels.layers",
-    "coldkv.numba_kernels.sampling",
-    "coldkv.numba_kernels.gemv",
-]
+_SHARDS = {"attention_prefill": 2}  # 15 wgmma / mma.sync kernels, ~1.7 min on one core
+PTX_MODULES = [f"coldkv.numba_kernels.{m}" + (f":{i}/{n}" if n > 1 else "")
+               for m in KERNEL_MODULES for n in [_SHARDS.get(m, 1)] for i in range(n)]
 
 
 PTX_MORE = [f"coldkv.numba_kernels.{m}=PTX_SIGNATURES_MORE" for m in ("attention_cuda", "attention_mma")]

@@ -1014,24 +1014,21 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         if mma_pdl and not (_gpu_cc() >= (9, 0) and has_dependent_launch()):
             raise ValueError("attention_cuda: mma_pdl needs an sm_90 or newer GPU and a cuda.core with "
                              "programmatic_stream_serialization")
-        kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, devpos, mma_tiles, max_registers, mma_u64, mma_pipe,
-                                        k8, mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
+        def build(dp: bool, tiles: int):  # the decode kernel of these knobs, device position dp
+            return attention_mma.get_kernel(k_fmt, v_fmt, G, D, dp, tiles, max_registers, mma_u64, mma_pipe, k8,
+                                            mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
+
+        kern = build(devpos, mma_tiles)
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the
         # same splits, so eager and graph decode add in the same order (its occupancy may differ)
-        graph_kern = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, mma_tiles, max_registers, mma_u64,
-                                              mma_pipe, k8, mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
         gsig = attention_mma.kernel_sig(k_fmt, v_fmt, True)
-        resident = _resident_blocks(graph_kern, gsig)
+        resident = _resident_blocks(build(True, mma_tiles), gsig)
         ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits, resident)
         if auto_build and mma_bulk and mma_tm and not mma_tiles and long_chunks(k_fmt, v_fmt, G, D, P, ppw):
             # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp);
             # kept only with the same residency, hence the same plan: eager and graph add alike
-            t4 = attention_mma.get_kernel(k_fmt, v_fmt, G, D, True, 4, max_registers, mma_u64, mma_pipe, k8,
-                                          mma_qsmem, True, mma_tm, bool(mma_pdl))
-            if _resident_blocks(t4, gsig) == resident:
-                kern = t4 if devpos else attention_mma.get_kernel(
-                    k_fmt, v_fmt, G, D, False, 4, max_registers, mma_u64, mma_pipe, k8, mma_qsmem, True, mma_tm,
-                    bool(mma_pdl))
+            if _resident_blocks(build(True, 4), gsig) == resident:
+                kern = build(devpos, 4)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
         vsc = _flat(v_scales, np.uint32) if v_fmt in (NVFP4, ISO3) else _flat(v_scales)
     else:

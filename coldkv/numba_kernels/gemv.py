@@ -33,14 +33,14 @@ from numba import cuda
 
 from coldkv.numba_kernels.fp import bf16_dec, bf16_enc, f16_dec, f16_enc
 from coldkv.numba_kernels.jit_cache import cuda_kernel
-from coldkv.numba_kernels.layers import ref_decode16, ref_encode16, rms_norm_ref, swiglu_ref
+from coldkv.numba_kernels.layers import MAX_ROW, _warp_sum, ref_decode16, ref_encode16, rms_norm_ref, swiglu_ref
 
 NONE, NORM, SWIGLU = 0, 1, 2  # prologues
 STORE, OUT16, ACC = 0, 1, 2  # epilogues
 WARPS = 4
 ROWS = 4  # outputs a warp
 UNROLL = 4  # 32-bit words of each row a lane loads before it multiplies
-MAX_K = 16384  # a as 16-bit pairs: 32 KB of static shared memory
+MAX_K = MAX_ROW  # a as 16-bit pairs: 32 KB of static shared memory; every hidden size the backend takes
 
 
 # ==================================================================================== reference
@@ -66,14 +66,21 @@ def gemv_ref(src, w16, *, prologue: int, epilogue: int, norm_w=None, eps: float 
     return out.astype(np.float32)
 
 
+def gemv_bound(w, a, ref, *, prologue: int, epilogue: int, f16: bool = False) -> np.ndarray:
+    """[N] what a kernel's y may differ from the exact `ref` = w . a (+ y) by: w [N, K] and a [K]
+    decoded to float64. float32 sums in another order; with NORM a few inputs one 16-bit step
+    away (the sum of squares in another order); with OUT16 half a step of the output's rounding."""
+    prods = np.abs(w * a)
+    step = 2.0**-10 if f16 else 2.0**-7  # one 16-bit step, relative
+    bound = 2 * w.shape[1] * 2.0**-24 * prods.sum(1)
+    if prologue == NORM:
+        bound += 4 * step * prods.max(1)
+    if epilogue == OUT16:
+        bound += 0.5 * step * np.abs(ref) * (1 + 1e-6)
+    return bound
+
+
 # ==================================================================================== kernel
-@cuda.jit(device=True, inline=True)
-def _warp_sum(v):
-    for m in (16, 8, 4, 2, 1):
-        v += cuda.shfl_xor_sync(0xFFFFFFFF, v, m)
-    return v
-
-
 @functools.lru_cache(maxsize=None)
 def gemv_kernel(prologue: int, epilogue: int, F16: bool = False):
     """y = a . w^T for one token (module docstring); w as uint32 words [N, K / 2], src as the

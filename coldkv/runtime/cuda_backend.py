@@ -485,10 +485,10 @@ class CUDABackend:
         f16 = self.f16
         L.launch_embed(tok, self.embed, x, s, f16=f16)
         ws = self.ws_decode if T == 1 else self.ws_prefill
-        gv = self.decode_gemv and T == 1
+        gv = self.decode_gemv and T == 1  # (hidden rows fit: GV.MAX_K = L.MAX_ROW, as __init__ checks)
 
         def norm_linear(norm_w, w, y16):  # 16(rms_norm(x) . w^T) into y16 [T, N]
-            if gv and a.hidden_size <= GV.MAX_K:
+            if gv:
                 GV.launch_gemv(x[0], w, y16[0], s, prologue=GV.NORM, epilogue=GV.OUT16, norm_w=norm_w, eps=eps,
                                f16=f16)
             else:
@@ -546,7 +546,7 @@ class CUDABackend:
             rows, out = x, self.logits_all[:T]
         else:
             rows, out = x[T - 1:T], self.logits
-        if self.decode_gemv and rows.shape[0] == 1 and a.hidden_size <= GV.MAX_K:
+        if self.decode_gemv and rows.shape[0] == 1:
             GV.launch_gemv(rows[0], self.lm_head, out[0], s, prologue=GV.NORM, epilogue=GV.STORE, norm_w=self.norm,
                            eps=eps, f16=self.f16)
             return out
