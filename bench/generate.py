@@ -63,12 +63,11 @@ def with_yarn(model: Path, factor: float, tmp: Path) -> Path:
     return out
 
 
-def chunked_backend(model, kern, decode_gemv=False):
+def chunked_backend(model, kern):
     """A CUDA backend for a --prefill-attention name (attention_cuda.prefill_kernel); "NAME@N" runs
     prefill chunks of N tokens (an A/B of the chunk size in one run)."""
     name, _, chunk = kern.partition("@")
-    return CUDABackend(model, prefill_attention=name, prefill_chunk=int(chunk) if chunk else None,
-                       decode_gemv=decode_gemv)
+    return CUDABackend(model, prefill_attention=name, prefill_chunk=int(chunk) if chunk else None)
 
 
 def time_coldkv(backend, tok, ids, table, new):
@@ -131,8 +130,6 @@ def main() -> None:
                     help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, wg8a, wg8s, each with "
                     "an optional @N (prefill chunks of N tokens, a multiple of 1024, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
-    ap.add_argument("--decode-gemv", action="store_true",
-                    help="decode steps through the fused GEMVs (CUDABackend(decode_gemv=True), numba_kernels/gemv.py)")
     ap.add_argument("--no-launch-ab", dest="launch_ab", action="store_false",
                     help="skip the eager / graph / pipelined decode A/B at 512 tokens (~1 min of compiles)")
     ap.add_argument("--commit")
@@ -155,7 +152,7 @@ def main() -> None:
             ids = prompt_ids(tok, n)
             kernels = a.prefill_attention.split(",")
             # a backend per prefill kernel: each captures graphs of passes it has compiled
-            backends = {kern: chunked_backend(model, kern, a.decode_gemv) for kern in kernels}
+            backends = {kern: chunked_backend(model, kern) for kern in kernels}
             n_layers = backends[kernels[0]].args.num_hidden_layers
             warm = ids[:2 * backends[kernels[0]].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
             for name in a.tables.split(","):  # compile every kernel variant the timed runs use
@@ -177,7 +174,6 @@ def main() -> None:
                     toks = runs[0][2]
                     first = toks if first is None else first
                     row = {"prompt_tokens": n, "kv_table": name, "new_tokens": a.new, "prefill_attention": kern,
-                           "decode_gemv": a.decode_gemv,
                            "coldkv_decode_tok_s": round(dec, 1), "hf_decode_tok_s": round(hf_dec, 1),
                            "coldkv_prefill_tok_s": round(pre, 1), "hf_prefill_tok_s": round(hf_pre, 1),
                            "decode_ratio": round(dec / hf_dec, 3), "prefill_ratio": round(pre / hf_pre, 3),

@@ -90,23 +90,3 @@ def test_decode_steps_closed_early_equal_decode_in_a_loop(backend):
         toks.append(backend.decode(toks[-1], cache, sampler))
         runs.append((toks, cache.length))
     assert runs[0] == runs[1]
-
-
-def test_decode_gemv_gives_the_unfused_logits(backend):
-    """decode_gemv: a one-token pass through the fused GEMVs (numba_kernels/gemv.py, each against its
-    reference in tests/test_gemv.py) gives the logits of the RMSNorm / SwiGLU kernels + GEMMs: the
-    right weights, inputs and outputs wired. Not bitwise: the sums run in another order, and a
-    normed input on a 16-bit rounding boundary may round the other way."""
-    prompt = np.arange(5, 15)
-    logits = []
-    try:
-        for gv in (False, True):
-            backend.decode_gemv = gv
-            cache = backend.new_cache(_table(backend, "int8"), 40)
-            backend.prefill(prompt, cache, chunk=10)
-            logits.append(backend.forward(np.array([7]), cache))
-    finally:
-        backend.decode_gemv = False
-    ref = logits[0]
-    assert np.abs(logits[1] - ref).max() <= 1e-2 * np.abs(ref).max()
-    assert int(np.argmax(logits[1])) == int(np.argmax(ref))

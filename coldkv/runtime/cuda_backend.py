@@ -28,7 +28,6 @@ import numpy as np
 from numba import cuda
 
 from coldkv.errors import PlanError
-from coldkv.numba_kernels import gemv as GV
 from coldkv.numba_kernels import layers as L
 from coldkv.numba_kernels.attention_cuda import AttentionWorkspace, _sm_count, paged_attention_cuda, prefill_kernel
 from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
@@ -113,12 +112,9 @@ class CUDABackend:
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None,
-                 pipelined_decode: bool = True, decode_gemv: bool = False):
+                 pipelined_decode: bool = True):
         """graphs: replay captured passes; pipelined_decode: run decode_steps one step ahead of the
-        host; decode_gemv: one-token passes run each projection as a GEMV that computes its own
-        input (numba_kernels/gemv.py: RMSNorm, SwiGLU), instead of those kernels + cuBLAS; off
-        until timed (docs/kernels.md "Ready-to-run" 0000);
-        prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
+        host; prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
         "auto", "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s"); prefill_chunk: tokens of a prefill
         pass, a multiple of PAD_QUANTUM (None: prefill_chunk_tokens). All but the defaults are
         for benchmarks' A/Bs."""
@@ -135,7 +131,6 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend's SwiGLU takes an even MLP width, this model's is "
                             f"{a.intermediate_size}; use --device cpu")
         self.page_tokens, self.graphs, self.pipelined_decode = page_tokens, graphs, pipelined_decode
-        self.decode_gemv = decode_gemv
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         # ("auto": none, so that each layer's launch picks by its K / V formats)
@@ -485,20 +480,11 @@ class CUDABackend:
         f16 = self.f16
         L.launch_embed(tok, self.embed, x, s, f16=f16)
         ws = self.ws_decode if T == 1 else self.ws_prefill
-        gv = self.decode_gemv and T == 1  # (hidden rows fit: GV.MAX_K = L.MAX_ROW, as __init__ checks)
-
-        def norm_linear(norm_w, w, y16):  # 16(rms_norm(x) . w^T) into y16 [T, N]
-            if gv:
-                GV.launch_gemv(x[0], w, y16[0], s, prologue=GV.NORM, epilogue=GV.OUT16, norm_w=norm_w, eps=eps,
-                               f16=f16)
-            else:
-                L.launch_rms_norm(x, norm_w, eps, h, s, f16=f16)
-                gemm(h, w, y16)
-
         for i, lw in enumerate(self.layers):
             kp, vp = cache.pools[i]
             table, gscale = cache.table_dev[i], cache.gscale_dev[i]
-            norm_linear(lw.attn_norm, lw.wqkv, qkv)
+            L.launch_rms_norm(x, lw.attn_norm, eps, h, s, f16=f16)
+            gemm(h, lw.wqkv, qkv)
             def post_qkv(write_pages: bool) -> None:
                 L.launch_qkv_rope_append(
                     qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, pos, eps, q, self.kv,
@@ -517,18 +503,13 @@ class CUDABackend:
                                  **(self.prefill_attention if T > 1 else {}),
                                  prefill_scratch=cache.arena.prefill_scratch if T > 1 else None,
                                  out16=o16.reshape(o.shape), out16_fp16=f16)  # o_proj's 16-bit input
-            if gv and o16.shape[1] <= GV.MAX_K:
-                GV.launch_gemv(o16[0], lw.wo, x[0], s, prologue=GV.NONE, epilogue=GV.ACC, f16=f16)
-            else:
-                gemm(o16, lw.wo, x, accumulate=True)
+            gemm(o16, lw.wo, x, accumulate=True)
             if lw.bo is not None:
                 L.launch_add_bias(x, lw.bo, s)
-            norm_linear(lw.mlp_norm, lw.w_gate_up, self.gu[:T])
-            if gv and a.intermediate_size <= GV.MAX_K:
-                GV.launch_gemv(self.gu[0], lw.w_down, x[0], s, prologue=GV.SWIGLU, epilogue=GV.ACC, f16=f16)
-            else:
-                L.launch_swiglu(self.gu[:T], self.act16[:T], s, f16=f16)
-                gemm(self.act16[:T], lw.w_down, x, accumulate=True)
+            L.launch_rms_norm(x, lw.mlp_norm, eps, h, s, f16=f16)
+            gemm(h, lw.w_gate_up, self.gu[:T])
+            L.launch_swiglu(self.gu[:T], self.act16[:T], s, f16=f16)
+            gemm(self.act16[:T], lw.w_down, x, accumulate=True)
         if head is None:
             return None
         out = self._head(T, all_logits)
@@ -546,10 +527,6 @@ class CUDABackend:
             rows, out = x, self.logits_all[:T]
         else:
             rows, out = x[T - 1:T], self.logits
-        if self.decode_gemv and rows.shape[0] == 1:
-            GV.launch_gemv(rows[0], self.lm_head, out[0], s, prologue=GV.NORM, epilogue=GV.STORE, norm_w=self.norm,
-                           eps=eps, f16=self.f16)
-            return out
         L.launch_rms_norm(rows, self.norm, eps, h[:rows.shape[0]], s, f16=self.f16)
         self.gemm(h[:rows.shape[0]], self.lm_head, out)
         return out
