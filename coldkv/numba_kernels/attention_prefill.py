@@ -23,8 +23,13 @@ from coldkv.numba_kernels.mma_ptx import (
     SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
-from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, wgmma,
+from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, setmaxnreg, wgmma,
                                              wgmma_ss, wgmma_wait, wgmma_wait_acc)
+
+WS_STAGES = 4  # the warp-specialized kernel's ring of K / V tiles (160 KB with Q at d 128)
+# its registers a thread: 168 at launch (one block of 384 threads an SM), then the producer gives
+# some to the consumers (128 x WS_REGS_PRODUCER + 256 x WS_REGS_CONSUMER <= 65536)
+WS_REGS_PRODUCER, WS_REGS_CONSUMER = 136, 184
 
 
 @cuda.jit(device=True, inline=True)
@@ -47,7 +52,7 @@ def no_wgmma_wait3(acc, a, sacc):
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False, s_ahead: bool = False):
+                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -83,11 +88,20 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     of each tile covers that O += P V (docs/kernels_log.md "Prefill, session 16" lists what ptxas
     needed not to serialize the wgmmas). chb: keys per tile (default 4096 / D, wg 8192 / D, also
     its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
-    while their simulator case passed)."""
+    while their simulator case passed).
+
+    ws (wg, W 8, K and V int8 / nvfp4 / iso3 codes): warp-specialized (FA3's producer / consumer
+    split; `attn_ws`). A fifth warpgroup loads and decodes the tiles into a ring of WS_STAGES
+    buffers while the two consumer warpgroups only multiply and run the softmax, so no warp waits
+    at a block-wide barrier and the decode runs under the MMAs. Buffers are handed over by named
+    barriers: FULL(b) (the producer arrives, the consumers sync) and EMPTY(b) (the other way)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
         raise ValueError("attention_prefill: the wgmma kernel needs head_dim <= 128 and whole warpgroups")
+    if ws and (not wg or W != 8 or pingpong or BF16 in (kf, vf) or pre[0] or pre[1]):
+        raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
+                         "K and V int8 / nvfp4 / iso3 codes")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
         raise ValueError("attention_prefill: the wgmma kernel's tiles are at most 8192 / head_dim keys")
     NS = D // 16
@@ -99,13 +113,15 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     ND8 = D // 8
     TPM = 16 // G
     RU = TPM * G
-    TH = 32 * W
+    WS = ws
+    TH = 128 if WS else 32 * W  # threads that load tiles (WS: the producer warpgroup)
+    TH_ALL = 32 * W + (128 if WS else 0)  # the block
     NIT = CHB * NC // TH  # load items (key, chunk) per thread per plane and tile
     KPI = TH // NC  # key stride between a thread's items
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
-    SA = wg and s_ahead and not PP
-    NBUF = 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
+    SA = wg and s_ahead and not PP and not WS
+    NBUF = WS_STAGES if WS else 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
     SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
     QGW = 64 * RS  # SA: words of a warpgroup's Q in shared memory (after the K and V buffers)
     SIM = SIMULATED
@@ -127,17 +143,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
     WG = wg
-    PVA = wg and (pv_async or SA) and not PP
+    PVA = wg and (pv_async or SA or WS) and not PP
     wg_s = wg_pv = wg_s_ss = wg_s_ss0 = no_wgmma
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
+    regs_give = setmaxnreg(WS_REGS_PRODUCER, False) if WS else None
+    regs_take = setmaxnreg(WS_REGS_CONSUMER, True) if WS else None
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
         if PVA:
             wg_pv_wait = wgmma_wait(D, NVS)
-        if SA:  # Q as K-major core matrices like a K tile: the same offsets
+        if SA or WS:  # Q as K-major core matrices like a K tile: the same offsets
             wg_s_ss = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256, wait=False)
             wg_s_ss0 = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256)
             wg_sa_wait = wgmma_wait(D, NVS, CHB)
@@ -258,6 +276,49 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             rk[j] = r_k
             rv[j] = r_v
             okb[j] = 1 if r_k >= 0 else 0
+
+    @cuda.jit(device=True, inline=True)
+    def write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
+                   out16, to16):
+        """The warp's rows: normalized into out (one split) or partials and (m, l) into the workspace."""
+        if active:
+            vc = f32(1.0)
+            if V4:
+                vc = VSC / gscale[1, h]
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 1)
+            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
+            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 2)
+            # one split: every row saw all its keys (at least its own), so the block writes the
+            # normalized output itself (ws_acc is then out viewed as [1, T, Hq, D]) and no reduce
+            # runs; (acc * vc) / l is what the reduce computes for one split (weight exp2(0) = 1)
+            final = nsplit == 1
+            for hi in range(2):
+                r = gid + 8 * hi
+                tq = tq0 + r // G
+                if r < RU and tq < T:
+                    hq = hq0 + r % G
+                    lr = l0 if hi == 0 else l1
+                    if tig == 0 and not final:
+                        ws_ml[split, tq, hq, 0] = m0 if hi == 0 else m1
+                        ws_ml[split, tq, hq, 1] = lr
+                    for n in range(ND8):
+                        if V4:
+                            dm = 8 * n + tig
+                            dm1 = dm + 4
+                        else:
+                            dm = 8 * n + 2 * tig
+                            dm1 = dm + 1
+                        o0 = acc[n, 2 * hi] * vc
+                        o1 = acc[n, 2 * hi + 1] * vc
+                        if final:
+                            o0 = o0 / lr
+                            o1 = o1 / lr
+                            if to16:  # o_proj's 16-bit input: round16's values, without its pass
+                                out16[tq, hq, dm] = f16_enc(o0) if to16 == TO16_FP16 else bf16_enc(o0)
+                                out16[tq, hq, dm1] = f16_enc(o1) if to16 == TO16_FP16 else bf16_enc(o1)
+                        ws_acc[split, tq, hq, dm] = o0
+                        ws_acc[split, tq, hq, dm1] = o1
 
     jit = cuda_kernel(max_registers=max_registers)
 
@@ -649,46 +710,273 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         elif PVA:
             wg_pv_wait(acc, pa)
         # ---- the warp's partials
-        if active:
-            vc = f32(1.0)
-            if V4:
-                vc = VSC / gscale[1, h]
-            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 1)
-            l0 += cuda.shfl_xor_sync(0xFFFFFFFF, l0, 2)
-            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 1)
-            l1 += cuda.shfl_xor_sync(0xFFFFFFFF, l1, 2)
-            # one split: every row saw all its keys (at least its own), so the block writes the
-            # normalized output itself (ws_acc is then out viewed as [1, T, Hq, D]) and no reduce
-            # runs; (acc * vc) / l is what the reduce computes for one split (weight exp2(0) = 1)
-            final = nsplit == 1
+        write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
+                   out16, to16)
+
+    @cuda.jit(device=True, inline=True)
+    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, rk, rv, okb,
+                 kreg, vreg, krs, vrs, sarr):
+        """WS producer: the rows of the tile at key kl and its code words into registers (sarr: a
+        shared array issue_k / issue_v take, unused: code words go to registers)."""
+        if fastp and not holes and kl + CHB <= ke:  # the common tile (as in attn_mma_fa)
+            pg = kl // P
+            rk0 = i64(table[0, h, IX(pg)]) * P + (kl - pg * P) + key0
+            rv0 = i64(table[1, h, IX(pg)]) * P + (kl - pg * P) + key0
+            for j in range(NIT):
+                rk[j] = rk0 + KPI * j
+                rv[j] = rv0 + KPI * j
+                okb[j] = 1
+            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, True)
+            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, True)
+        else:
+            item_rows(table, h, P, fastp, kl, ke, kl // P, kl % P, key0, rk, rv, okb)
+            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, False)
+            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
+
+    @cuda.jit(device=True, inline=True)
+    def ws_put(t, ntiles, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs):
+        """WS producer: wait until the consumers are done with tile t's buffer (its last use was
+        tile t - WS_STAGES), decode tile t into it and hand it over."""
+        b = t % NBUF
+        if t >= NBUF:
+            bar_sync(1 + NBUF + b, TH_ALL)
+        commit_k(KS, b * BUFW, kreg, c, key0)
+        commit_v(VS, b * BUFW, vreg, c, key0)
+        if c == 0:
+            for j in range(NIT):
+                key = b * CHB + key0 + KPI * j
+                kval[key] = okb[j]
+                if kf == INT8:
+                    ksr[key] = krs[j]
+                if vf == INT8:
+                    vsr[key] = vrs[j]
+        fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
+        bar_arrive(1 + b, TH_ALL)
+
+    @jit
+    def attn_ws(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16, to16):
+        # dynamic: [K buffers | V buffers | Q of the two consumer warpgroups]
+        if SIM:
+            dyn = cuda.shared.array(0, np.dtype(np.uint32))
+        else:
+            dyn = cuda.shared.array(0, np.uint32, alignment=128)
+        KS = dyn[:SBW]
+        VS = dyn[SBW:2 * SBW]
+        ksr = cuda.shared.array(SCH, np.float32)
+        vsr = cuda.shared.array(SCH, np.float32)
+        kval = cuda.shared.array(SCH, np.int32)
+        pos0 = read_pos(pos)
+        T = q.shape[0]
+        split = cuda.blockIdx.y
+        xz = cuda.blockIdx.x + cuda.gridDim.x * cuda.blockIdx.z  # heaviest first (attn_mma_fa)
+        h = xz % cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        warp = tid // 32
+        lane = tid % 32
+        gid = lane >> 2
+        tig = lane & 3
+        hq0 = h * G
+        tqb0 = (cuda.gridDim.x - 1 - xz // cuda.gridDim.z) * (W * TPM)
+        tqb_last = min(tqb0 + W * TPM, T) - 1
+        tq0 = tqb0 + warp * TPM  # (consumer warps < W)
+        # the role, through a shuffle so that ptxas sees it is warp-uniform (a divergent path around
+        # the wgmmas serializes them, C7518; CUTLASS's canonical_warp_group_idx does the same)
+        consumer = cuda.shfl_sync(0xFFFFFFFF, tid // 128, 0) < W // 4
+        active = consumer and tq0 < T
+        tq_last = min(tq0 + TPM, T) - 1
+        Lb = pos0 + tqb_last + 1
+        nsplit = cuda.gridDim.y
+        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
+        kb = split * ppw * P
+        ke = min(kb + ppw * P, Lb)
+        kc = KSC / gscale[0, h]
+        bad = 0
+        if ke > kb:
+            for p in range(split * ppw + tid, (ke - 1) // P + 1, TH_ALL):
+                if table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0:
+                    bad = 1
+        holes = cuda.syncthreads_or(bad) != 0
+        fastp = P % CHB == 0
+        ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
+        rpos = cuda.local.array(2, np.int64)
+        if consumer:  # Q into shared memory, as attn_mma_fa's SA (the rows' positions in rpos)
             for hi in range(2):
                 r = gid + 8 * hi
                 tq = tq0 + r // G
-                if r < RU and tq < T:
-                    hq = hq0 + r % G
-                    lr = l0 if hi == 0 else l1
-                    if tig == 0 and not final:
-                        ws_ml[split, tq, hq, 0] = m0 if hi == 0 else m1
-                        ws_ml[split, tq, hq, 1] = lr
-                    for n in range(ND8):
-                        if V4:
-                            dm = 8 * n + tig
-                            dm1 = dm + 4
-                        else:
-                            dm = 8 * n + 2 * tig
-                            dm1 = dm + 1
-                        o0 = acc[n, 2 * hi] * vc
-                        o1 = acc[n, 2 * hi + 1] * vc
-                        if final:
-                            o0 = o0 / lr
-                            o1 = o1 / lr
-                            if to16:  # o_proj's 16-bit input: round16's values, without its pass
-                                out16[tq, hq, dm] = f16_enc(o0) if to16 == TO16_FP16 else bf16_enc(o0)
-                                out16[tq, hq, dm1] = f16_enc(o1) if to16 == TO16_FP16 else bf16_enc(o1)
-                        ws_acc[split, tq, hq, dm] = o0
-                        ws_acc[split, tq, hq, dm1] = o1
+                rpos[hi] = pos0 + min(tq, tq_last)
+                ok = active and r < RU and tq < T
+                for s in range(NS):
+                    if K4:
+                        d0 = 16 * s + tig
+                        d1 = d0 + 4
+                    else:
+                        d0 = 16 * s + 2 * tig
+                        d1 = d0 + 1
+                    x0 = f32(0.0)
+                    x1 = f32(0.0)
+                    x2 = f32(0.0)
+                    x3 = f32(0.0)
+                    if ok:
+                        hq = hq0 + r % G
+                        x0 = q[tq, hq, d0] * qscale
+                        x1 = q[tq, hq, d1] * qscale
+                        x2 = q[tq, hq, d0 + 8] * qscale
+                        x3 = q[tq, hq, d1 + 8] * qscale
+                    qw = 2 * SBW + (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
+                    dyn[qw] = pack_k(x0, x1)
+                    dyn[qw + 32] = pack_k(x2, x3)
+            fence_proxy_async()
+        cuda.syncthreads()
 
-    return attn_mma_fa
+        if not consumer:  # ---- the producer warpgroup: every tile, two in flight
+            regs_give()
+            ptid = tid - 32 * W
+            c = (ptid >> 3) % NC
+            key0 = (ptid & 7) + 8 * (ptid // (8 * NC))
+            rka = cuda.local.array(NIT, np.int64)
+            rva = cuda.local.array(NIT, np.int64)
+            oka = cuda.local.array(NIT, np.int32)
+            kra = cuda.local.array((NIT, 2), np.uint32)
+            vra = cuda.local.array((NIT, 2), np.uint32)
+            ksa = cuda.local.array(NIT, np.float32)
+            vsa = cuda.local.array(NIT, np.float32)
+            rkb = cuda.local.array(NIT, np.int64)
+            rvb = cuda.local.array(NIT, np.int64)
+            okb_ = cuda.local.array(NIT, np.int32)
+            krb = cuda.local.array((NIT, 2), np.uint32)
+            vrb = cuda.local.array((NIT, 2), np.uint32)
+            ksb = cuda.local.array(NIT, np.float32)
+            vsb = cuda.local.array(NIT, np.float32)
+            if ntiles > 0:
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c,
+                         rka, rva, oka, kra, vra, ksa, vsa, KS)
+            for t2 in range((ntiles + 1) // 2):
+                t = 2 * t2
+                if t + 1 < ntiles:
+                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 1) * CHB,
+                             ke, key0, c, rkb, rvb, okb_, krb, vrb, ksb, vsb, KS)
+                ws_put(t, ntiles, KS, VS, ksr, vsr, kval, key0, c, oka, kra, vra, ksa, vsa)
+                if t + 2 < ntiles:
+                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 2) * CHB,
+                             ke, key0, c, rka, rva, oka, kra, vra, ksa, vsa, KS)
+                if t + 1 < ntiles:
+                    ws_put(t + 1, ntiles, KS, VS, ksr, vsr, kval, key0, c, okb_, krb, vrb, ksb, vsb)
+            return
+
+        # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (left running into the next tile)
+        regs_take()
+        acc = cuda.local.array((ND8, 4), np.float32)
+        for n in range(ND8):
+            for i in range(4):
+                acc[n, i] = f32(0.0)
+        m0 = _NEG_INF
+        m1 = _NEG_INF
+        l0 = f32(0.0)
+        l1 = f32(0.0)
+        sv = cuda.local.array((NKT, 4), np.float32)
+        pa = cuda.local.array((NVS, 4), np.uint32)
+        qword = u32(2 * SBW + (warp >> 2) * QGW)
+        # the loop's only exit is after a wait: an exit with O += P V in flight has the compiler
+        # write O's registers back to memory under the MMA, which serializes every wgmma (C7514 /
+        # C7518 from ptxas)
+        ti = 0
+        while True:
+            wg_pv_wait(acc, pa)  # the last tile's O += P V is done: its buffer goes back
+            if ti >= ntiles:
+                break
+            b = ti % NBUF
+            k0 = kb + ti * CHB
+            if ti > 0 and ti - 1 + NBUF < ntiles:
+                bar_arrive(1 + NBUF + (ti - 1) % NBUF, TH_ALL)
+            bar_sync(1 + b, TH_ALL)  # tile ti has landed
+            bk = u32(b * BUFW)
+            wg_s_ss0(sv, dyn, qword, bk)
+            if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
+                for u in range(NKT):
+                    for e in range(2):
+                        kk = 8 * u + 2 * tig + e
+                        sc = key_scale(ksr, b * CHB + kk)
+                        g = k0 + kk
+                        okk = g < ke and (not holes or kval[b * CHB + kk] != 0)
+                        sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
+                        sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
+            elif kf == INT8:
+                for u in range(NKT):
+                    for e in range(2):
+                        sc = key_scale(ksr, b * CHB + 8 * u + 2 * tig + e)
+                        sv[u, e] = sv[u, e] * sc
+                        sv[u, 2 + e] = sv[u, 2 + e] * sc
+            mx0 = _NEG_INF
+            mx1 = _NEG_INF
+            for u in range(NKT):
+                mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
+                mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
+            mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
+            mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
+            mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
+            mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
+            if K4:
+                mx0 *= kc
+                mx1 *= kc
+            # no branch around O's rescale: a divergent write of O's registers next to an MMA
+            # serializes every wgmma (ptxas; attn_mma_fa's SA)
+            up0 = mx0 > m0 + _LAZY
+            up1 = mx1 > m1 + _LAZY
+            al0 = ex2(m0 - mx0) if up0 else f32(1.0)
+            al1 = ex2(m1 - mx1) if up1 else f32(1.0)
+            m0 = mx0 if up0 else m0
+            m1 = mx1 if up1 else m1
+            l0 *= al0
+            l1 *= al1
+            for n in range(ND8):
+                acc[n, 0] *= al0
+                acc[n, 1] *= al0
+                acc[n, 2] *= al1
+                acc[n, 3] *= al1
+            ms0 = m0 if m0 > _NEG_INF else f32(0.0)
+            ms1 = m1 if m1 > _NEG_INF else f32(0.0)
+            for u in range(NKT):
+                for i in range(4):
+                    x = sv[u, i]
+                    if K4:
+                        pr_ = ex2(x * kc - (ms0 if i < 2 else ms1))
+                    else:
+                        pr_ = ex2(x - (ms0 if i < 2 else ms1))
+                    if i < 2:
+                        l0 += pr_
+                    else:
+                        l1 += pr_
+                    sv[u, i] = pr_
+            for v in range(NVS):
+                p0 = sv[2 * v, 0]
+                p1 = sv[2 * v, 1]
+                p2 = sv[2 * v, 2]
+                p3 = sv[2 * v, 3]
+                p4 = sv[2 * v + 1, 0]
+                p5 = sv[2 * v + 1, 1]
+                p6 = sv[2 * v + 1, 2]
+                p7 = sv[2 * v + 1, 3]
+                if vf == INT8:
+                    kv0 = b * CHB + 16 * v + 2 * tig
+                    s0 = vsr[kv0]
+                    s1 = vsr[kv0 + 1]
+                    s8 = vsr[kv0 + 8]
+                    s9 = vsr[kv0 + 9]
+                    pa[v, 0] = pack_v(p0 * s0, p1 * s1)
+                    pa[v, 1] = pack_v(p2 * s0, p3 * s1)
+                    pa[v, 2] = pack_v(p4 * s8, p5 * s9)
+                    pa[v, 3] = pack_v(p6 * s8, p7 * s9)
+                else:
+                    pa[v, 0] = pack_v(p0, p1)
+                    pa[v, 1] = pack_v(p2, p3)
+                    pa[v, 2] = pack_v(p4, p5)
+                    pa[v, 3] = pack_v(p6, p7)
+            wg_pv(acc, pa, VS, bk)
+            ti += 1
+        write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
+                   out16, to16)
+
+    return attn_ws if WS else attn_mma_fa
 
 
 def _build_predecode(fmt: int, D: int, devpos: bool):
@@ -757,25 +1045,34 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False, s_ahead: bool = False):
+                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
-    heads) x 32 `warps` threads. pre: pre-decoded 4-bit K / V planes (`launch_predecode`)."""
+    heads) x 32 `warps` threads (ws: + a producer warpgroup, `prefill_threads`). pre: pre-decoded
+    4-bit K / V planes (`launch_predecode`)."""
     if kind not in ("fa", "wg"):
         raise ValueError(f"attention_prefill: unknown prefill kernel {kind!r} (fa or wg)")
     pre = (bool(pre[0]), bool(pre[1]))
     pingpong = bool(pingpong) and kind == "wg"
     s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
     pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and not pingpong
+    ws = bool(ws)
+    if ws and max_registers is None:  # one block of 384 threads an SM: 65536 / 384 registers
+        max_registers = 168
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead)
+           pv_async, s_ahead, ws)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead)
+                                          pv_async, s_ahead, ws)
     return _PREFILL[key]
+
+
+def prefill_threads(warps: int, ws: bool = False) -> int:
+    """Threads of a prefill block: `warps` computing warps, and ws's producer warpgroup."""
+    return 32 * warps + (128 if ws else 0)
 
 
 def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
@@ -784,9 +1081,11 @@ def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
     return chb or (8192 if wg else 4096) // D
 
 
-def wg_smem_bytes(D: int, chb: int = 0, s_ahead: bool = False, warps: int = 8) -> int:
+def wg_smem_bytes(D: int, chb: int = 0, s_ahead: bool = False, warps: int = 8, ws: bool = False) -> int:
     """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each (s_ahead: three,
-    and each warpgroup's 64 rows of Q), 16-bit values."""
+    ws: WS_STAGES, and each warpgroup's 64 rows of Q), 16-bit values."""
+    if ws:
+        return 4 * WS_STAGES * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
     if s_ahead:
         return 12 * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
     return 8 * tile_keys(D, True, chb) * D
@@ -833,7 +1132,8 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_prefill_kernel(ISO3, NVFP4, 2, 128, True, s_ahead=True, **wg8a), prefill_sig(ISO3, NVFP4, True)),
             (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
-            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4))]
+            (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4)),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True))]
     predecode_sig = ("void({}, int64, int64, int64, uint32[::1], uint32[::1], int32[:,:,::1], int64, "
                      "uint32[::1])")
     out += [(_build_predecode(fmt, 128, True), predecode_sig.format("int32[::1]")) for fmt in (NVFP4, ISO3)]
@@ -848,7 +1148,8 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True),
               prefill_sig(BF16, BF16, True)),
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
-             (get_prefill_kernel(BF16, INT8, 4, 128, s_ahead=True, **wg8a), prefill_sig(BF16, INT8))]
+             (get_prefill_kernel(BF16, INT8, 4, 128, s_ahead=True, **wg8a), prefill_sig(BF16, INT8)),
+             (get_prefill_kernel(INT8, ISO3, 4, 64, ws=True, **wg8a), prefill_sig(INT8, ISO3))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
 

@@ -23,7 +23,7 @@ from llvmlite import ir
 from numba import config, cuda, types
 from numba.extending import intrinsic
 
-from coldkv.numba_kernels.mma_ptx import _sim_allgather, _smem_ptr
+from coldkv.numba_kernels.mma_ptx import _asm_void, _sim_allgather, _smem_ptr
 
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
@@ -257,6 +257,16 @@ def _bar(op):
     return bar
 
 
+def setmaxnreg(n: int, inc: bool):
+    """Intrinsic f(): this warpgroup's registers a thread become n (a multiple of 8, 24..256;
+    sm_90a): a warp-specialized kernel's producer gives some up (inc False) and its consumers
+    take them (inc True). Every warp of the warpgroup runs it; a no-op under the simulator."""
+    if SIMULATED:
+        return lambda: None
+    assert n % 8 == 0 and 24 <= n <= 256
+    return _asm_void(f"setmaxnreg.{'inc' if inc else 'dec'}.sync.aligned.u32 {n};")
+
+
 bar_sync = _bar("sync")  # wait until `count` threads arrived at barrier id (this one included)
 bar_arrive = _bar("arrive")  # count this thread in, without waiting
 
@@ -327,7 +337,36 @@ if SIMULATED:
     def fence_proxy_async():  # noqa: F811 (the simulator has one memory proxy)
         return None
 
-    def bar_sync(bid, count):  # noqa: F811 (ordering only: the tiles are the same either way)
-        return None
+    def _sim_bar(wait):
+        def bar(bid, count):
+            """A named barrier of the calling simulator thread's block: the count-th arrival starts
+            the next phase; bar.sync waits for it (the warp-specialized kernel's producer and
+            consumers hand tiles over with these). A thread that arrives twice in one phase is an
+            error here: the kernels' protocols never do, so it means a missing wait elsewhere."""
+            import threading
 
-    bar_arrive = bar_sync  # noqa: F811
+            t = threading.current_thread()
+            with _SIM_BARS_LOCK:
+                st = t._manager.__dict__.setdefault("_coldkv_bars", {}).setdefault(
+                    (tuple(t.blockIdx), int(bid)), [threading.Condition(), set(), 0])  # [cv, arrived, phase]
+            cv, arrived = st[0], st[1]
+            with cv:
+                phase = st[2]
+                if t.thread_id in arrived:
+                    raise RuntimeError(f"simulated bar {int(bid)}: thread {t.thread_id} arrived twice in one phase")
+                arrived.add(t.thread_id)
+                if len(arrived) == int(count):
+                    arrived.clear()
+                    st[2] = phase + 1
+                    cv.notify_all()
+                elif wait and not cv.wait_for(lambda: st[2] != phase, timeout=120.0):
+                    raise RuntimeError(f"simulated bar.sync {int(bid)}: {len(arrived)} of {int(count)} threads arrived")
+            return None
+
+        return bar
+
+    import threading as _threading
+
+    _SIM_BARS_LOCK = _threading.Lock()
+    bar_sync = _sim_bar(True)  # noqa: F811
+    bar_arrive = _sim_bar(False)  # noqa: F811
