@@ -630,7 +630,7 @@ def test_prefill_kernel_names():
     nv, b = Q.NVFP4, Q.BF16
     assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
     if A._has_wgmma():  # H200: S ahead pays where both planes are decoded in the block
-        assert A._prefill_auto(128, nv, nv) == "wg8s" and A._prefill_auto(128, b, nv) == "wg8a"
+        assert A._prefill_auto(128, nv, nv) == "wg8w" and A._prefill_auto(128, b, nv) == "wg8a"
     assert A.prefill_kernel("auto", 256)["mma_prefill"] == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)

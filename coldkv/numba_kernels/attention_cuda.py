@@ -750,7 +750,10 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
 
 def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     """The PREFILL_KERNELS name that "auto" runs for T > 1 (K and V formats kf, vf; None: not
-    known yet). On an sm_90 GPU at head_dim <= 128: "wg8s" when both planes are 4-bit, else "wg8a"
+    known yet). On an sm_90 GPU at head_dim <= 128: "wg8w" when both planes are 4-bit (H100 at
+    e8a376f, T 2048 at 32768 keys: 512 against wg8s's 557 us at 4/2/128, 2799 against 3072 at
+    32/8/128; generate at 32k 0.870x HF against 0.845x; int8 planes are slower on it, 927 against
+    wg8a's 715 us: bench/results/logs/prefill_ws_h100_e8a376f.json), else "wg8a"
     (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
     keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
     671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f
@@ -761,7 +764,7 @@ def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
     if D > 128 or not _has_wgmma():
         return "fa"
-    return "wg8s" if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3) else "wg8a"
+    return "wg8w" if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3) else "wg8a"
 
 
 def prefill_kernel(name: str, D: int, kf=None, vf=None) -> dict:
@@ -866,7 +869,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
-                         mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=False):
+                         mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -895,7 +898,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
     ("wg": O += P V runs on under the next tile's decode) / mma_s_ahead ("wg": Q in shared memory,
     S of the next tile issued before this tile's softmax) (both None: auto's choice when the kernel
-    and warps are auto's, else off) / mma_ws ("wg" with 8 warps and int8 / 4-bit K and V: a producer
+    and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
     warpgroup decodes the tiles, attention_prefill's attn_ws): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit

@@ -734,7 +734,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
 
     @cuda.jit(device=True, inline=True)
-    def ws_put(t, ntiles, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs):
+    def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs):
         """WS producer: wait until the consumers are done with tile t's buffer (its last use was
         tile t - WS_STAGES), decode tile t into it and hand it over."""
         b = t % NBUF
@@ -842,7 +842,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             vsa = cuda.local.array(NIT, np.float32)
             rkb = cuda.local.array(NIT, np.int64)
             rvb = cuda.local.array(NIT, np.int64)
-            okb_ = cuda.local.array(NIT, np.int32)
+            okbb = cuda.local.array(NIT, np.int32)
             krb = cuda.local.array((NIT, 2), np.uint32)
             vrb = cuda.local.array((NIT, 2), np.uint32)
             ksb = cuda.local.array(NIT, np.float32)
@@ -854,13 +854,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 t = 2 * t2
                 if t + 1 < ntiles:
                     ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 1) * CHB,
-                             ke, key0, c, rkb, rvb, okb_, krb, vrb, ksb, vsb, KS)
-                ws_put(t, ntiles, KS, VS, ksr, vsr, kval, key0, c, oka, kra, vra, ksa, vsa)
+                             ke, key0, c, rkb, rvb, okbb, krb, vrb, ksb, vsb, KS)
+                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, oka, kra, vra, ksa, vsa)
                 if t + 2 < ntiles:
                     ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 2) * CHB,
                              ke, key0, c, rka, rva, oka, kra, vra, ksa, vsa, KS)
                 if t + 1 < ntiles:
-                    ws_put(t + 1, ntiles, KS, VS, ksr, vsr, kval, key0, c, okb_, krb, vrb, ksb, vsb)
+                    ws_put(t + 1, KS, VS, ksr, vsr, kval, key0, c, okbb, krb, vrb, ksb, vsb)
             return
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (left running into the next tile)
@@ -876,21 +876,25 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         sv = cuda.local.array((NKT, 4), np.float32)
         pa = cuda.local.array((NVS, 4), np.uint32)
         qword = u32(2 * SBW + (warp >> 2) * QGW)
-        # the loop's only exit is after a wait: an exit with O += P V in flight has the compiler
-        # write O's registers back to memory under the MMA, which serializes every wgmma (C7514 /
-        # C7518 from ptxas)
+        # Each pass: wait for tile ti, issue its S = Q K^T, and only then wait for the last tile's
+        # O += P V, so the tensor cores run S right behind it. The loop's only exit is after that
+        # wait (a pass past the last tile issues an S on a buffer nobody writes any more, and
+        # exits): leaving with O += P V in flight makes the compiler store O's registers under
+        # the MMA on the exit edge, and every path must issue the same wgmmas, or ptxas
+        # serializes them all (C7514 / C7518).
         ti = 0
         while True:
-            wg_pv_wait(acc, pa)  # the last tile's O += P V is done: its buffer goes back
+            b = ti % NBUF
+            bk = u32(b * BUFW)
+            if ti < ntiles:
+                bar_sync(1 + b, TH_ALL)  # tile ti has landed
+            wg_s_ss(sv, dyn, qword, bk)
+            wg_sa_wait(acc, pa, sv)  # S of tile ti, O += P V of tile ti - 1
             if ti >= ntiles:
                 break
-            b = ti % NBUF
-            k0 = kb + ti * CHB
-            if ti > 0 and ti - 1 + NBUF < ntiles:
+            if ti > 0 and ti - 1 + NBUF < ntiles:  # tile ti - 1's buffer goes back
                 bar_arrive(1 + NBUF + (ti - 1) % NBUF, TH_ALL)
-            bar_sync(1 + b, TH_ALL)  # tile ti has landed
-            bk = u32(b * BUFW)
-            wg_s_ss0(sv, dyn, qword, bk)
+            k0 = kb + ti * CHB
             if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
                 for u in range(NKT):
                     for e in range(2):
