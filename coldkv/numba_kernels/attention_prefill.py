@@ -278,6 +278,139 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             okb[j] = 1 if r_k >= 0 else 0
 
     @cuda.jit(device=True, inline=True)
+    def load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, to_smem):
+        """This lane's q fragments (positions of the shared rows: 4-bit K in pair order), into
+        registers (qa, the RS-form A operand) or, to_smem, into the warpgroup's Q in shared memory
+        (row 16 (warp % 4) + r, k 16 s + 2 tig (+ 8), for the SS form); rpos: the rows' positions."""
+        for hi in range(2):
+            r = gid + 8 * hi
+            tq = tq0 + r // G
+            rpos[hi] = pos0 + min(tq, tq_last)
+            ok = active and r < RU and tq < T
+            for s in range(NS):
+                if K4:
+                    d0 = 16 * s + tig
+                    d1 = d0 + 4
+                else:
+                    d0 = 16 * s + 2 * tig
+                    d1 = d0 + 1
+                x0 = f32(0.0)
+                x1 = f32(0.0)
+                x2 = f32(0.0)
+                x3 = f32(0.0)
+                if ok:
+                    hq = hq0 + r % G
+                    x0 = q[tq, hq, d0] * qscale
+                    x1 = q[tq, hq, d1] * qscale
+                    x2 = q[tq, hq, d0 + 8] * qscale
+                    x3 = q[tq, hq, d1 + 8] * qscale
+                if to_smem:
+                    qw = (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
+                    QS[qw] = pack_k(x0, x1)
+                    QS[qw + 32] = pack_k(x2, x3)  # the next 16-byte chunk is the next core
+                else:
+                    qa[s, hi] = pack_k(x0, x1)
+                    qa[s, 2 + hi] = pack_k(x2, x3)
+
+    @cuda.jit(device=True, inline=True)
+    def scale_mask(sv, ksr, kval, bo, k0, ke, holes, tig, rpos, masked):
+        """The tile's scores (shared key slots bo..): int8 keys times their row scales, and -inf
+        where masked (past the split's end ke, a hole, past the row's position). Two loops, so that
+        the common tile (masked False) has no per-score branch; bf16 keys (scale 1) and 4-bit keys
+        (one scale kc for the plane, applied to the row maxima and in the exponent's FFMA) skip the
+        second one entirely."""
+        if masked:
+            for u in range(NKT):
+                for e in range(2):
+                    kk = 8 * u + 2 * tig + e
+                    sc = key_scale(ksr, bo + kk)
+                    g = k0 + kk
+                    okk = g < ke and (not holes or kval[bo + kk] != 0)
+                    sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
+                    sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
+        elif kf == INT8:
+            for u in range(NKT):
+                for e in range(2):
+                    sc = key_scale(ksr, bo + 8 * u + 2 * tig + e)
+                    sv[u, e] = sv[u, e] * sc
+                    sv[u, 2 + e] = sv[u, 2 + e] * sc
+
+    @cuda.jit(device=True, inline=True)
+    def row_max(sv, kc):
+        """The tile's maxima of rows gid (slots 0, 1) and gid + 8 (2, 3), in m's units (4-bit keys:
+        the scores are q . (value x E4M3 scale), times kc)."""
+        mx0 = _NEG_INF
+        mx1 = _NEG_INF
+        for u in range(NKT):
+            mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
+            mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
+        mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
+        mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
+        mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
+        mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
+        if K4:
+            mx0 *= kc
+            mx1 *= kc
+        return mx0, mx1
+
+    @cuda.jit(device=True, inline=True)
+    def rescale_flat(acc, m0, m1, l0, l1, mx0, mx1):
+        """The lazy rescale of O and l without a branch (x 1 when the max stays): a divergent write
+        of O's registers next to an MMA in flight serializes every wgmma (ptxas). -> m0, m1, l0, l1"""
+        up0 = mx0 > m0 + _LAZY
+        up1 = mx1 > m1 + _LAZY
+        al0 = ex2(m0 - mx0) if up0 else f32(1.0)
+        al1 = ex2(m1 - mx1) if up1 else f32(1.0)
+        for n in range(ND8):
+            acc[n, 0] *= al0
+            acc[n, 1] *= al0
+            acc[n, 2] *= al1
+            acc[n, 3] *= al1
+        return mx0 if up0 else m0, mx1 if up1 else m1, l0 * al0, l1 * al1
+
+    @cuda.jit(device=True, inline=True)
+    def exp_sum(sv, kc, m0, m1, l0, l1):
+        """p = 2^(s - m) in place of the scores, and the row sums: -> l0, l1. A row with nothing
+        unmasked yet keeps m = -inf: 0 is subtracted there, so a masked score gives ex2(-inf) = 0
+        without a test per score."""
+        ms0 = m0 if m0 > _NEG_INF else f32(0.0)
+        ms1 = m1 if m1 > _NEG_INF else f32(0.0)
+        for u in range(NKT):
+            for i in range(4):
+                x = sv[u, i]
+                if K4:  # one FFMA: kc > 0, so ms is kc x the raw scores' max
+                    pr_ = ex2(x * kc - (ms0 if i < 2 else ms1))
+                else:
+                    pr_ = ex2(x - (ms0 if i < 2 else ms1))
+                if i < 2:
+                    l0 += pr_
+                else:
+                    l1 += pr_
+                sv[u, i] = pr_
+        return l0, l1
+
+    @cuda.jit(device=True, inline=True)
+    def pack_p(sv, v, vsr, bo, tig):
+        """P's A fragment for keys 16 v.. of the tile (16-bit pairs; int8 values: times their row
+        scales from shared slots bo..): rows gid / gid + 8, keys 16 v + 2 tig (+ 1), then + 8."""
+        p0 = sv[2 * v, 0]
+        p1 = sv[2 * v, 1]
+        p2 = sv[2 * v, 2]
+        p3 = sv[2 * v, 3]
+        p4 = sv[2 * v + 1, 0]
+        p5 = sv[2 * v + 1, 1]
+        p6 = sv[2 * v + 1, 2]
+        p7 = sv[2 * v + 1, 3]
+        if vf == INT8:
+            kv0 = bo + 16 * v + 2 * tig
+            s0 = vsr[kv0]
+            s1 = vsr[kv0 + 1]
+            s8 = vsr[kv0 + 8]
+            s9 = vsr[kv0 + 9]
+            return pack_v(p0 * s0, p1 * s1), pack_v(p2 * s0, p3 * s1), pack_v(p4 * s8, p5 * s9), pack_v(p6 * s8, p7 * s9)
+        return pack_v(p0, p1), pack_v(p2, p3), pack_v(p4, p5), pack_v(p6, p7)
+
+    @cuda.jit(device=True, inline=True)
     def write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
                    out16, to16):
         """The warp's rows: normalized into out (one split) or partials and (m, l) into the workspace."""
@@ -378,38 +511,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         holes = cuda.syncthreads_or(bad) != 0
         fastp = P % CHB == 0
 
-        # ---- q as the A operand (positions of the shared rows: 4-bit K in pair order)
+        # ---- q as the A operand
         qa = cuda.local.array((NS, 4), np.uint32)
         rpos = cuda.local.array(2, np.int64)
-        for hi in range(2):
-            r = gid + 8 * hi
-            tq = tq0 + r // G
-            rpos[hi] = pos0 + min(tq, tq_last)
-            ok = active and r < RU and tq < T
-            for s in range(NS):
-                if K4:
-                    d0 = 16 * s + tig
-                    d1 = d0 + 4
-                else:
-                    d0 = 16 * s + 2 * tig
-                    d1 = d0 + 1
-                x0 = f32(0.0)
-                x1 = f32(0.0)
-                x2 = f32(0.0)
-                x3 = f32(0.0)
-                if ok:
-                    hq = hq0 + r % G
-                    x0 = q[tq, hq, d0] * qscale
-                    x1 = q[tq, hq, d1] * qscale
-                    x2 = q[tq, hq, d0 + 8] * qscale
-                    x3 = q[tq, hq, d1 + 8] * qscale
-                if SA:  # row 16 (warp % 4) + r of the warpgroup's Q, k 16 s + 2 tig (+ 8)
-                    qw = (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
-                    QS[qw] = pack_k(x0, x1)
-                    QS[qw + 32] = pack_k(x2, x3)  # the next 16-byte chunk is the next core
-                else:
-                    qa[s, hi] = pack_k(x0, x1)
-                    qa[s, 2 + hi] = pack_k(x2, x3)
+        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, SA)
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -551,53 +656,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if PP:
                 bar_arrive(1 + grp, 256)  # group 0: its S is done; group 1: its S is done
             if run:
-                # ---- scales and the mask (diagonal / end of the split / holes only)
-                # two loops, so that the common tile (no mask) has no per-score branch; bf16
-                # keys (scale 1) and 4-bit keys (one scale kc for the plane, applied to the row
-                # maxima and in the exponent's FFMA below) skip the second one entirely
-                if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
-                    for u in range(NKT):
-                        for e in range(2):
-                            kk = 8 * u + 2 * tig + e
-                            sc = key_scale(ksr, buf * CHB + kk)
-                            g = k0 + kk
-                            okk = g < ke and (not holes or kval[buf * CHB + kk] != 0)
-                            sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
-                            sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
-                elif kf == INT8:
-                    for u in range(NKT):
-                        for e in range(2):
-                            sc = key_scale(ksr, buf * CHB + 8 * u + 2 * tig + e)
-                            sv[u, e] = sv[u, e] * sc
-                            sv[u, 2 + e] = sv[u, 2 + e] * sc
-                # ---- online softmax, rows gid (slots 0, 1) and gid + 8 (2, 3)
-                mx0 = _NEG_INF
-                mx1 = _NEG_INF
-                for u in range(NKT):
-                    mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
-                    mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
-                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
-                mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
-                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
-                mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
-                if K4:  # the scores are q . (value x E4M3 scale): the row maxima in m's units
-                    mx0 *= kc
-                    mx1 *= kc
-                if SA:  # the same rescale without a branch (x 1 when the max stays): a divergent
-                    # write of O's registers with an MMA in flight serializes every wgmma (ptxas)
-                    up0 = mx0 > m0 + _LAZY
-                    up1 = mx1 > m1 + _LAZY
-                    al0 = ex2(m0 - mx0) if up0 else f32(1.0)
-                    al1 = ex2(m1 - mx1) if up1 else f32(1.0)
-                    m0 = mx0 if up0 else m0
-                    m1 = mx1 if up1 else m1
-                    l0 *= al0
-                    l1 *= al1
-                    for n in range(ND8):
-                        acc[n, 0] *= al0
-                        acc[n, 1] *= al0
-                        acc[n, 2] *= al1
-                        acc[n, 3] *= al1
+                # ---- scales and the mask (diagonal / end of the split / holes only), row maxima
+                scale_mask(sv, ksr, kval, buf * CHB, k0, ke, holes, tig, rpos,
+                           holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0)
+                mx0, mx1 = row_max(sv, kc)
+                if SA:  # (an MMA is in flight: no branch)
+                    m0, m1, l0, l1 = rescale_flat(acc, m0, m1, l0, l1, mx0, mx1)
                 else:
                     if mx0 > m0 + _LAZY:
                         al = ex2(m0 - mx0)
@@ -618,48 +682,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     # while an MMA is in flight, C7515); past the last tile: a buffer never read
                     o_fence(acc)
                     wg_s_ss(sn, dyn, qword, u32((buf + 1 if buf + 1 < NBUF else 0) * BUFW))
-                # a row with nothing unmasked yet keeps m = -inf: subtract 0 there, so a masked
-                # score gives ex2(-inf) = 0 without a test per score
-                ms0 = m0 if m0 > _NEG_INF else f32(0.0)
-                ms1 = m1 if m1 > _NEG_INF else f32(0.0)
-                for u in range(NKT):
-                    for i in range(4):
-                        x = sv[u, i]
-                        if K4:  # one FFMA: kc > 0, so ms is kc x the raw scores' max
-                            pr_ = ex2(x * kc - (ms0 if i < 2 else ms1))
-                        else:
-                            pr_ = ex2(x - (ms0 if i < 2 else ms1))
-                        if i < 2:
-                            l0 += pr_
-                        else:
-                            l1 += pr_
-                        sv[u, i] = pr_
+                l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
                 # ---- O += P V: A = P (16-key step v), B = V by ldmatrix.trans, two 8-dim tiles
                 bv = u32(buf * BUFW)
                 for v in range(NVS):
-                    p0 = sv[2 * v, 0]
-                    p1 = sv[2 * v, 1]
-                    p2 = sv[2 * v, 2]
-                    p3 = sv[2 * v, 3]
-                    p4 = sv[2 * v + 1, 0]
-                    p5 = sv[2 * v + 1, 1]
-                    p6 = sv[2 * v + 1, 2]
-                    p7 = sv[2 * v + 1, 3]
-                    if vf == INT8:
-                        kv0 = buf * CHB + 16 * v + 2 * tig
-                        s0 = vsr[kv0]
-                        s1 = vsr[kv0 + 1]
-                        s8 = vsr[kv0 + 8]
-                        s9 = vsr[kv0 + 9]
-                        a0 = pack_v(p0 * s0, p1 * s1)
-                        a1 = pack_v(p2 * s0, p3 * s1)
-                        a2 = pack_v(p4 * s8, p5 * s9)
-                        a3 = pack_v(p6 * s8, p7 * s9)
-                    else:
-                        a0 = pack_v(p0, p1)  # row gid, keys 16 v + 2 tig, + 1
-                        a1 = pack_v(p2, p3)  # row gid + 8
-                        a2 = pack_v(p4, p5)  # row gid, keys + 8
-                        a3 = pack_v(p6, p7)
+                    a0, a1, a2, a3 = pack_p(sv, v, vsr, buf * CHB, tig)
                     if WG:
                         pa[v, 0] = a0
                         pa[v, 1] = a1
@@ -799,32 +826,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         fastp = P % CHB == 0
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         rpos = cuda.local.array(2, np.int64)
-        if consumer:  # Q into shared memory, as attn_mma_fa's SA (the rows' positions in rpos)
-            for hi in range(2):
-                r = gid + 8 * hi
-                tq = tq0 + r // G
-                rpos[hi] = pos0 + min(tq, tq_last)
-                ok = active and r < RU and tq < T
-                for s in range(NS):
-                    if K4:
-                        d0 = 16 * s + tig
-                        d1 = d0 + 4
-                    else:
-                        d0 = 16 * s + 2 * tig
-                        d1 = d0 + 1
-                    x0 = f32(0.0)
-                    x1 = f32(0.0)
-                    x2 = f32(0.0)
-                    x3 = f32(0.0)
-                    if ok:
-                        hq = hq0 + r % G
-                        x0 = q[tq, hq, d0] * qscale
-                        x1 = q[tq, hq, d1] * qscale
-                        x2 = q[tq, hq, d0 + 8] * qscale
-                        x3 = q[tq, hq, d1 + 8] * qscale
-                    qw = 2 * SBW + (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
-                    dyn[qw] = pack_k(x0, x1)
-                    dyn[qw + 32] = pack_k(x2, x3)
+        if consumer:  # Q into shared memory (the SS form's A), as attn_mma_fa's SA
+            qa = cuda.local.array((NS, 4), np.uint32)  # (unused: the register form's)
+            load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn[2 * SBW:], True)
             fence_proxy_async()
         cuda.syncthreads()
 
@@ -895,86 +899,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if ti > 0 and ti - 1 + NBUF < ntiles:  # tile ti - 1's buffer goes back
                 bar_arrive(1 + NBUF + (ti - 1) % NBUF, TH_ALL)
             k0 = kb + ti * CHB
-            if holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0:
-                for u in range(NKT):
-                    for e in range(2):
-                        kk = 8 * u + 2 * tig + e
-                        sc = key_scale(ksr, b * CHB + kk)
-                        g = k0 + kk
-                        okk = g < ke and (not holes or kval[b * CHB + kk] != 0)
-                        sv[u, e] = sv[u, e] * sc if okk and g <= rpos[0] else _NEG_INF
-                        sv[u, 2 + e] = sv[u, 2 + e] * sc if okk and g <= rpos[1] else _NEG_INF
-            elif kf == INT8:
-                for u in range(NKT):
-                    for e in range(2):
-                        sc = key_scale(ksr, b * CHB + 8 * u + 2 * tig + e)
-                        sv[u, e] = sv[u, e] * sc
-                        sv[u, 2 + e] = sv[u, 2 + e] * sc
-            mx0 = _NEG_INF
-            mx1 = _NEG_INF
-            for u in range(NKT):
-                mx0 = max(mx0, max(sv[u, 0], sv[u, 1]))
-                mx1 = max(mx1, max(sv[u, 2], sv[u, 3]))
-            mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 1))
-            mx0 = max(mx0, cuda.shfl_xor_sync(0xFFFFFFFF, mx0, 2))
-            mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 1))
-            mx1 = max(mx1, cuda.shfl_xor_sync(0xFFFFFFFF, mx1, 2))
-            if K4:
-                mx0 *= kc
-                mx1 *= kc
-            # no branch around O's rescale: a divergent write of O's registers next to an MMA
-            # serializes every wgmma (ptxas; attn_mma_fa's SA)
-            up0 = mx0 > m0 + _LAZY
-            up1 = mx1 > m1 + _LAZY
-            al0 = ex2(m0 - mx0) if up0 else f32(1.0)
-            al1 = ex2(m1 - mx1) if up1 else f32(1.0)
-            m0 = mx0 if up0 else m0
-            m1 = mx1 if up1 else m1
-            l0 *= al0
-            l1 *= al1
-            for n in range(ND8):
-                acc[n, 0] *= al0
-                acc[n, 1] *= al0
-                acc[n, 2] *= al1
-                acc[n, 3] *= al1
-            ms0 = m0 if m0 > _NEG_INF else f32(0.0)
-            ms1 = m1 if m1 > _NEG_INF else f32(0.0)
-            for u in range(NKT):
-                for i in range(4):
-                    x = sv[u, i]
-                    if K4:
-                        pr_ = ex2(x * kc - (ms0 if i < 2 else ms1))
-                    else:
-                        pr_ = ex2(x - (ms0 if i < 2 else ms1))
-                    if i < 2:
-                        l0 += pr_
-                    else:
-                        l1 += pr_
-                    sv[u, i] = pr_
+            scale_mask(sv, ksr, kval, b * CHB, k0, ke, holes, tig, rpos,
+                       holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0)
+            mx0, mx1 = row_max(sv, kc)
+            m0, m1, l0, l1 = rescale_flat(acc, m0, m1, l0, l1, mx0, mx1)
+            l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
             for v in range(NVS):
-                p0 = sv[2 * v, 0]
-                p1 = sv[2 * v, 1]
-                p2 = sv[2 * v, 2]
-                p3 = sv[2 * v, 3]
-                p4 = sv[2 * v + 1, 0]
-                p5 = sv[2 * v + 1, 1]
-                p6 = sv[2 * v + 1, 2]
-                p7 = sv[2 * v + 1, 3]
-                if vf == INT8:
-                    kv0 = b * CHB + 16 * v + 2 * tig
-                    s0 = vsr[kv0]
-                    s1 = vsr[kv0 + 1]
-                    s8 = vsr[kv0 + 8]
-                    s9 = vsr[kv0 + 9]
-                    pa[v, 0] = pack_v(p0 * s0, p1 * s1)
-                    pa[v, 1] = pack_v(p2 * s0, p3 * s1)
-                    pa[v, 2] = pack_v(p4 * s8, p5 * s9)
-                    pa[v, 3] = pack_v(p6 * s8, p7 * s9)
-                else:
-                    pa[v, 0] = pack_v(p0, p1)
-                    pa[v, 1] = pack_v(p2, p3)
-                    pa[v, 2] = pack_v(p4, p5)
-                    pa[v, 3] = pack_v(p6, p7)
+                pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, b * CHB, tig)
             wg_pv(acc, pa, VS, bk)
             ti += 1
         write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
