@@ -337,18 +337,20 @@ if SIMULATED:
     def fence_proxy_async():  # noqa: F811 (the simulator has one memory proxy)
         return None
 
+    import threading as _threading
+
+    _SIM_BARS_LOCK = _threading.Lock()
+
     def _sim_bar(wait):
         def bar(bid, count):
             """A named barrier of the calling simulator thread's block: the count-th arrival starts
             the next phase; bar.sync waits for it (the warp-specialized kernel's producer and
             consumers hand tiles over with these). A thread that arrives twice in one phase is an
             error here: the kernels' protocols never do, so it means a missing wait elsewhere."""
-            import threading
-
-            t = threading.current_thread()
+            t = _threading.current_thread()
             with _SIM_BARS_LOCK:
                 st = t._manager.__dict__.setdefault("_coldkv_bars", {}).setdefault(
-                    (tuple(t.blockIdx), int(bid)), [threading.Condition(), set(), 0])  # [cv, arrived, phase]
+                    (tuple(t.blockIdx), int(bid)), [_threading.Condition(), set(), 0])  # [cv, arrived, phase]
             cv, arrived = st[0], st[1]
             with cv:
                 phase = st[2]
@@ -365,8 +367,5 @@ if SIMULATED:
 
         return bar
 
-    import threading as _threading
-
-    _SIM_BARS_LOCK = _threading.Lock()
     bar_sync = _sim_bar(True)  # noqa: F811
     bar_arrive = _sim_bar(False)  # noqa: F811
