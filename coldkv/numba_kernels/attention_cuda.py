@@ -735,8 +735,8 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # end to end, docs/kernels_log.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
 # decode and barrier (session 15). "wg8s": wg8a with Q in shared memory and S of the next tile
 # issued before this tile's softmax (session 16). "wg8w": a producer warpgroup decodes the tiles, two
-# consumer warpgroups multiply (session 33); "wg8ws": with S of the next tile and O += P V of this one
-# issued together, the softmax under the O += P V (session 34). auto picks one of them per format (_prefill_auto).
+# consumer warpgroups multiply (session 33) and run each softmax under their last O += P V (session
+# 34). auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
        "mma_ws": False}
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
@@ -747,7 +747,6 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8a": {**_WG, "mma_pv_async": True},
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
     "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True},
-    "wg8ws": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_s_ahead": True},
 }
 
 
@@ -902,8 +901,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     ("wg": O += P V runs on under the next tile's decode) / mma_s_ahead ("wg": Q in shared memory,
     S of the next tile issued before this tile's softmax) (both None: auto's choice when the kernel
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
-    warpgroup decodes the tiles, attention_prefill's attn_ws; with mma_s_ahead its consumers overlap the
-    softmax with O += P V): tuning knobs of the benchmark
+    warpgroup decodes the tiles, attention_prefill's attn_ws): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored. mma_qsmem: the decode kernel keeps q's MMA

@@ -95,9 +95,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     buffers while the two consumer warpgroups only multiply and run the softmax, so no warp waits
     at a block-wide barrier and the decode runs under the MMAs. Buffers are handed over by named
     barriers: FULL(b) (the producer arrives, the consumers sync) and EMPTY(b) (the other way).
-    ws with s_ahead ("wg8ws"): each consumer issues S of tile i + 1 together with O += P V of tile i
-    and runs tile i + 1's softmax while that O += P V runs (FA3's in-warpgroup overlap); S stays in
-    one accumulator, so it needs no more registers than the plain ws loop."""
+    Each consumer issues S of tile i + 1 together with O += P V of tile i and runs tile i + 1's
+    softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
+    tile i's P is packed before the next S is issued."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -124,7 +124,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
     SA = wg and s_ahead and not PP and not WS
-    WSO = WS and s_ahead  # the consumers' in-warpgroup overlap
     NBUF = WS_STAGES if WS else 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
     SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
     QGW = 64 * RS  # SA: words of a warpgroup's Q in shared memory (after the K and V buffers)
@@ -882,7 +881,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     ws_put(t + 1, KS, VS, ksr, vsr, kval, key0, c, okbb, krb, vrb, ksb, vsb)
             return
 
-        # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V
+        # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
         regs_take()
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
@@ -895,81 +894,51 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         sv = cuda.local.array((NKT, 4), np.float32)
         pa = cuda.local.array((NVS, 4), np.uint32)
         qword = u32(2 * SBW + (warp >> 2) * QGW)
-        if WSO:  # FA3's in-warpgroup overlap
-            if ntiles == 0:  # before any wgmma: O += P V on a buffer never written could read NaNs
-                write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
-                           out16, to16)
-                return
-            bar_sync(1, TH_ALL)  # tile 0: S and its softmax, waited for
-            wg_s_ss0(sv, dyn, qword, 0)
-            scale_mask(sv, ksr, kval, 0, kb, ke, holes, tig, rpos, holes or kb + CHB > ke or kb + CHB - 1 > pos0 + tq0)
+        if ntiles == 0:  # before any wgmma: O += P V on a buffer never written could read NaNs
+            write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
+                       out16, to16)
+            return
+        bar_sync(1, TH_ALL)  # tile 0: S and its softmax, waited for
+        wg_s_ss0(sv, dyn, qword, 0)
+        scale_mask(sv, ksr, kval, 0, kb, ke, holes, tig, rpos, holes or kb + CHB > ke or kb + CHB - 1 > pos0 + tq0)
+        mx0, mx1 = row_max(sv, kc)
+        m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
+        l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
+        for v in range(NVS):
+            pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, 0, tig)
+        # Each pass: issue S of tile ti + 1 and O += P V of tile ti, wait for the S only, run tile
+        # ti + 1's softmax under the O += P V, then wait for it, rescale O and pack the next P. A pass
+        # past the last tile issues an S on a buffer nobody writes any more, whose scores the mask
+        # drops whole (p = 0, m and l unchanged), and leaves after the wait: every path issues the same
+        # wgmmas and none is in flight at the exit, or ptxas serializes them all (C7514 / C7518).
+        ti = 0
+        while True:
+            b = ti % NBUF
+            b1 = (ti + 1) % NBUF
+            if ti + 1 < ntiles:
+                bar_sync(1 + b1, TH_ALL)  # tile ti + 1 has landed
+            o_fence(acc)
+            wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
+            wg_pv(acc, pa, VS, u32(b * BUFW))
+            s_retire(sv)  # S of tile ti + 1 (O += P V runs on)
+            k1 = kb + (ti + 1) * CHB
+            scale_mask(sv, ksr, kval, b1 * CHB, k1, ke, holes, tig, rpos,
+                       holes or k1 + CHB > ke or k1 + CHB - 1 > pos0 + tq0)
             mx0, mx1 = row_max(sv, kc)
             m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
             l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
-            for v in range(NVS):
-                pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, 0, tig)
-            # Each pass: issue S of tile ti + 1 and O += P V of tile ti, wait for the S only, run tile
-            # ti + 1's softmax under the O += P V, then wait for it, rescale O and pack the next P. A pass
-            # past the last tile issues an S on a buffer nobody writes any more, whose scores the mask
-            # drops whole (p = 0, m and l unchanged), and leaves after the wait: every path issues the same
-            # wgmmas and none is in flight at the exit, or ptxas serializes them all (C7514 / C7518).
-            ti = 0
-            while True:
-                b = ti % NBUF
-                b1 = (ti + 1) % NBUF
-                if ti + 1 < ntiles:
-                    bar_sync(1 + b1, TH_ALL)  # tile ti + 1 has landed
-                o_fence(acc)
-                wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
-                wg_pv(acc, pa, VS, u32(b * BUFW))
-                s_retire(sv)  # S of tile ti + 1 (O += P V runs on)
-                k1 = kb + (ti + 1) * CHB
-                scale_mask(sv, ksr, kval, b1 * CHB, k1, ke, holes, tig, rpos,
-                           holes or k1 + CHB > ke or k1 + CHB - 1 > pos0 + tq0)
-                mx0, mx1 = row_max(sv, kc)
-                m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
-                l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
-                # the wait for O += P V of tile ti, after a branch: in the softmax's basic block ptxas
-                # hoisted it above the exponentials, which then ran after the O += P V instead of under it
-                if ti + 1 >= ntiles:
-                    wg_sa_wait(acc, pa, sv)
-                    break
+            # the wait for O += P V of tile ti, after a branch: in the softmax's basic block ptxas
+            # hoisted it above the exponentials, which then ran after the O += P V instead of under it
+            if ti + 1 >= ntiles:
                 wg_sa_wait(acc, pa, sv)
-                if ti + NBUF < ntiles:  # tile ti's buffer goes back
-                    bar_arrive(1 + NBUF + b, TH_ALL)
-                scale_acc(acc, al0, al1)
-                for v in range(NVS):
-                    pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, b1 * CHB, tig)
-                ti += 1
-        else:
-            # Each pass: wait for tile ti, issue its S = Q K^T, and only then wait for the last tile's
-            # O += P V, so the tensor cores run S right behind it. The loop's only exit is after that
-            # wait (a pass past the last tile issues an S on a buffer nobody writes any more, and
-            # exits): leaving with O += P V in flight makes the compiler store O's registers under
-            # the MMA on the exit edge, and every path must issue the same wgmmas, or ptxas
-            # serializes them all (C7514 / C7518).
-            ti = 0
-            while True:
-                b = ti % NBUF
-                bk = u32(b * BUFW)
-                if ti < ntiles:
-                    bar_sync(1 + b, TH_ALL)  # tile ti has landed
-                wg_s_ss(sv, dyn, qword, bk)
-                wg_sa_wait(acc, pa, sv)  # S of tile ti, O += P V of tile ti - 1
-                if ti >= ntiles:
-                    break
-                if ti > 0 and ti - 1 + NBUF < ntiles:  # tile ti - 1's buffer goes back
-                    bar_arrive(1 + NBUF + (ti - 1) % NBUF, TH_ALL)
-                k0 = kb + ti * CHB
-                scale_mask(sv, ksr, kval, b * CHB, k0, ke, holes, tig, rpos,
-                           holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0)
-                mx0, mx1 = row_max(sv, kc)
-                m0, m1, l0, l1 = rescale_flat(acc, m0, m1, l0, l1, mx0, mx1)
-                l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
-                for v in range(NVS):
-                    pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, b * CHB, tig)
-                wg_pv(acc, pa, VS, bk)
-                ti += 1
+                break
+            wg_sa_wait(acc, pa, sv)
+            if ti + NBUF < ntiles:  # tile ti's buffer goes back
+                bar_arrive(1 + NBUF + b, TH_ALL)
+            scale_acc(acc, al0, al1)
+            for v in range(NVS):
+                pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, b1 * CHB, tig)
+            ti += 1
         write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
                    out16, to16)
 
