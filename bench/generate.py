@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, wg8a, wg8s, wg8w, wg8ws, each with "
+                    help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, wg8a, wg8s, wg8w, each with "
                     "an optional @N (prefill chunks of N tokens, a multiple of 1024, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--no-launch-ab", dest="launch_ab", action="store_false",
