@@ -338,8 +338,13 @@ if SIMULATED:
         return None
 
     import threading as _threading
+    import time as _time
 
     _SIM_BARS_LOCK = _threading.Lock()
+    # A bar.sync fails after this long without any arrival at any named barrier of its block: a
+    # fixed wait per barrier failed under load (CI's two cores), where numba's lock per module on
+    # every device-function call had 128 threads queue for minutes while still arriving one by one.
+    _SIM_STALL_S = 120.0
 
     def _sim_bar(wait):
         def bar(bid, count):
@@ -348,9 +353,12 @@ if SIMULATED:
             consumers hand tiles over with these). A thread that arrives twice in one phase is an
             error here: the kernels' protocols never do, so it means a missing wait elsewhere."""
             t = _threading.current_thread()
+            block = tuple(t.blockIdx)
             with _SIM_BARS_LOCK:
-                st = t._manager.__dict__.setdefault("_coldkv_bars", {}).setdefault(
-                    (tuple(t.blockIdx), int(bid)), [_threading.Condition(), set(), 0])  # [cv, arrived, phase]
+                bars = t._manager.__dict__.setdefault("_coldkv_bars", {})
+                st = bars.setdefault((block, int(bid)), [_threading.Condition(), set(), 0])  # [cv, arrived, phase]
+                last = bars.setdefault((block, "last arrival"), [0.0])
+                last[0] = _time.monotonic()
             cv, arrived = st[0], st[1]
             with cv:
                 phase = st[2]
@@ -361,8 +369,11 @@ if SIMULATED:
                     arrived.clear()
                     st[2] = phase + 1
                     cv.notify_all()
-                elif wait and not cv.wait_for(lambda: st[2] != phase, timeout=120.0):
-                    raise RuntimeError(f"simulated bar.sync {int(bid)}: {len(arrived)} of {int(count)} threads arrived")
+                elif wait:
+                    while not cv.wait_for(lambda: st[2] != phase, timeout=5.0):
+                        if _time.monotonic() - last[0] > _SIM_STALL_S:
+                            raise RuntimeError(f"simulated bar.sync {int(bid)}: {len(arrived)} of {int(count)} "
+                                               f"threads arrived, none at any barrier for {_SIM_STALL_S:.0f} s")
             return None
 
         return bar
