@@ -281,6 +281,21 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             okb[j] = 1 if r_k >= 0 else 0
 
     @cuda.jit(device=True, inline=True)
+    def split_range(table, h, P, pos0, T, Lb, split, nsplit, tid, nth):
+        """The block's keys [kb, ke) (its split's pages, up to its last query row's position Lb)
+        and whether any of those pages is unallocated (then every tile is masked per key; a
+        block-wide vote of its nth threads). -> pages a split, kb, ke, holes"""
+        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
+        kb = split * ppw * P
+        ke = min(kb + ppw * P, Lb)
+        bad = 0
+        if ke > kb:
+            for p in range(split * ppw + tid, (ke - 1) // P + 1, nth):
+                if table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0:
+                    bad = 1
+        return ppw, kb, ke, cuda.syncthreads_or(bad) != 0
+
+    @cuda.jit(device=True, inline=True)
     def load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, to_smem):
         """This lane's q fragments (positions of the shared rows: 4-bit K in pair order), into
         registers (qa, the RS-form A operand) or, to_smem, into the warpgroup's Q in shared memory
@@ -512,17 +527,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         tq_last = min(tq0 + TPM, T) - 1
         Lb = pos0 + tqb_last + 1
         nsplit = cuda.gridDim.y
-        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
-        kb = split * ppw * P
-        ke = min(kb + ppw * P, Lb)
         kc = KSC / gscale[0, h]
-        # unallocated pages in the block's range: then every tile is masked per key
-        bad = 0
-        if ke > kb:
-            for p in range(split * ppw + tid, (ke - 1) // P + 1, TH):
-                if table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0:
-                    bad = 1
-        holes = cuda.syncthreads_or(bad) != 0
+        ppw, kb, ke, holes = split_range(table, h, P, pos0, T, Lb, split, nsplit, tid, TH)
         fastp = P % CHB == 0
 
         # ---- q as the A operand
@@ -827,16 +833,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         tq_last = min(tq0 + TPM, T) - 1
         Lb = pos0 + tqb_last + 1
         nsplit = cuda.gridDim.y
-        ppw = ((pos0 + T + P - 1) // P + nsplit - 1) // nsplit
-        kb = split * ppw * P
-        ke = min(kb + ppw * P, Lb)
         kc = KSC / gscale[0, h]
-        bad = 0
-        if ke > kb:
-            for p in range(split * ppw + tid, (ke - 1) // P + 1, TH_ALL):
-                if table[0, h, IX(p)] < 0 or table[1, h, IX(p)] < 0:
-                    bad = 1
-        holes = cuda.syncthreads_or(bad) != 0
+        _, kb, ke, holes = split_range(table, h, P, pos0, T, Lb, split, nsplit, tid, TH_ALL)
         fastp = P % CHB == 0
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         rpos = cuda.local.array(2, np.int64)
