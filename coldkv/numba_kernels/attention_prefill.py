@@ -281,6 +281,21 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             okb[j] = 1 if r_k >= 0 else 0
 
     @cuda.jit(device=True, inline=True)
+    def put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs):
+        """Decode the registers of issue_k / issue_v into buffer b, with the keys' valid flags and
+        int8 row scales."""
+        commit_k(KS, b * BUFW, kreg, c, key0)
+        commit_v(VS, b * BUFW, vreg, c, key0)
+        if c == 0:
+            for j in range(NIT):
+                key = b * CHB + key0 + KPI * j
+                kval[key] = okb[j]
+                if kf == INT8:
+                    ksr[key] = krs[j]
+                if vf == INT8:
+                    vsr[key] = vrs[j]
+
+    @cuda.jit(device=True, inline=True)
     def split_range(table, h, P, pos0, T, Lb, split, nsplit, tid, nth):
         """The block's keys [kb, ke) (its split's pages, up to its last query row's position Lb)
         and whether any of those pages is unallocated (then every tile is masked per key; a
@@ -587,16 +602,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 item_rows(table, h, P, fastp, kb + pt * CHB, ke, ipg, ioff, key0, rk, rv, okb)
                 issue_k(k_words, k_scales, KS, pt * BUFW, rk, kreg, krs, c, key0, False)
                 issue_v(v_words, v_scales, VS, pt * BUFW, rv, vreg, vrs, c, key0, False)
-                commit_k(KS, pt * BUFW, kreg, c, key0)
-                commit_v(VS, pt * BUFW, vreg, c, key0)
-                if c == 0:
-                    for j in range(NIT):
-                        key = pt * CHB + key0 + KPI * j
-                        kval[key] = okb[j]
-                        if kf == INT8:
-                            ksr[key] = krs[j]
-                        if vf == INT8:
-                            vsr[key] = vrs[j]
+                put_tile(pt, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
                 ioff += CHB
                 if ioff >= P:
                     ioff -= P
@@ -787,16 +793,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         b = t % NBUF
         if t >= NBUF:
             bar_sync(1 + NBUF + b, TH_ALL)
-        commit_k(KS, b * BUFW, kreg, c, key0)
-        commit_v(VS, b * BUFW, vreg, c, key0)
-        if c == 0:
-            for j in range(NIT):
-                key = b * CHB + key0 + KPI * j
-                kval[key] = okb[j]
-                if kf == INT8:
-                    ksr[key] = krs[j]
-                if vf == INT8:
-                    vsr[key] = vrs[j]
+        put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
         fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
         bar_arrive(1 + b, TH_ALL)
 
