@@ -11,7 +11,7 @@ done
 M="${M:1},sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fmaheavy_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,smsp__inst_executed.sum,smsp__warps_launched.sum,launch__registers_per_thread,launch__occupancy_limit_registers,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed_op_ldsm.sum,sm__cycles_elapsed.avg"
 SCRIPT=bench/ncu_decode.py; K=attn_mma
 EXTRA=""
-if [ "${1:-}" = --prefill ]; then SCRIPT=bench/ncu_prefill.py; K=attn_mma_fa; shift; fi
+if [ "${1:-}" = --prefill ]; then SCRIPT=bench/ncu_prefill.py; K="attn_mma_fa|attn_ws"; shift; fi
 if [ "${1:-}" = --path ]; then EXTRA="--path $2"; shift 2; fi
 if [ "${1:-}" = --codecs ]; then SCRIPT=bench/ncu_codecs.py; K=requant; shift; fi
 for f in "$@"; do

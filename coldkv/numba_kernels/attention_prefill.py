@@ -52,7 +52,7 @@ def no_wgmma_wait3(acc, a, sacc):
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False):
+                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -97,7 +97,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     barriers: FULL(b) (the producer arrives, the consumers sync) and EMPTY(b) (the other way).
     Each consumer issues S of tile i + 1 together with O += P V of tile i and runs tile i + 1's
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
-    tile i's P is packed before the next S is issued."""
+    tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
+    reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
+    shared-memory bytes an S reads for 32 more registers a consumer thread."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -117,6 +119,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     TPM = 16 // G
     RU = TPM * G
     WS = ws
+    QR = ws and q_regs
     TH = 128 if WS else 32 * W  # threads that load tiles (WS: the producer warpgroup)
     TH_ALL = 32 * W + (128 if WS else 0)  # the block
     NIT = CHB * NC // TH  # load items (key, chunk) per thread per plane and tile
@@ -147,7 +150,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     i64 = np.int64
     WG = wg
     PVA = wg and (pv_async or SA or WS) and not PP
-    wg_s = wg_pv = wg_s_ss = wg_s_ss0 = no_wgmma
+    wg_s = wg_pv = wg_s_ss = wg_s_ss0 = wg_s_rs = no_wgmma
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
@@ -161,6 +164,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if SA or WS:  # Q as K-major core matrices like a K tile: the same offsets
             wg_s_ss = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256, wait=False)
             wg_s_ss0 = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256)
+            if QR:  # the RS form, issued and retired like the SS one
+                wg_s_rs = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256, wait=False)
             wg_sa_wait = wgmma_wait(D, NVS, CHB)
             o_fence = reg_fence(D)
             s_retire = wgmma_wait_acc(CHB, 1)
@@ -835,8 +840,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         fastp = P % CHB == 0
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         rpos = cuda.local.array(2, np.int64)
-        if consumer:  # Q into shared memory (the SS form's A), as attn_mma_fa's SA
-            qa = cuda.local.array((NS, 4), np.uint32)  # (unused: the register form's)
+        qa = cuda.local.array((NS, 4), np.uint32)  # QR: the RS form's A (else unused)
+        if consumer and not QR:  # Q into shared memory (the SS form's A), as attn_mma_fa's SA
             load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn[2 * SBW:], True)
             fence_proxy_async()
         cuda.syncthreads()
@@ -878,6 +883,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
         regs_take()
+        if QR:  # Q into registers here, where the consumers have theirs
+            load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn, False)
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -894,7 +901,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                        out16, to16)
             return
         bar_sync(1, TH_ALL)  # tile 0: S and its softmax, waited for
-        wg_s_ss0(sv, dyn, qword, 0)
+        if QR:
+            wg_s(sv, qa, dyn, u32(0))
+        else:
+            wg_s_ss0(sv, dyn, qword, 0)
         scale_mask(sv, ksr, kval, 0, kb, ke, holes, tig, rpos, holes or kb + CHB > ke or kb + CHB - 1 > pos0 + tq0)
         mx0, mx1 = row_max(sv, kc)
         m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
@@ -913,7 +923,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if ti + 1 < ntiles:
                 bar_sync(1 + b1, TH_ALL)  # tile ti + 1 has landed
             o_fence(acc)
-            wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
+            if QR:
+                wg_s_rs(sv, qa, dyn, u32(b1 * BUFW))
+            else:
+                wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
             wg_pv(acc, pa, VS, u32(b * BUFW))
             s_retire(sv)  # S of tile ti + 1 (O += P V runs on)
             k1 = kb + (ti + 1) * CHB
@@ -1006,7 +1019,7 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False):
+                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1019,15 +1032,16 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
     pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and not pingpong
     ws = bool(ws)
+    q_regs = bool(q_regs) and ws
     if ws and max_registers is None:  # one block of 384 threads an SM: 65536 / 384 registers
         max_registers = 168
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead, ws)
+           pv_async, s_ahead, ws, q_regs)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead, ws)
+                                          pv_async, s_ahead, ws, q_regs)
     return _PREFILL[key]
 
 

@@ -57,7 +57,10 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
                      f"{scale_d}, 1, 1, {int(trans_b)};")
     lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else []) + ["}"]
     ptx = "\n".join(lines)
-    cons = ",".join(["=f"] * na + ["r"] * (4 * nk) + ["l"] + ([str(i) for i in range(na)] if accumulate else []))
+    # acc in and out when the MMA stays in flight, even for D = A B (see `_wgmma_ss`: ptxas then
+    # keeps the accumulators in place from one issue to the next instead of serializing, C7515)
+    tied = accumulate or not wait
+    cons = ",".join(["=f"] * na + ["r"] * (4 * nk) + ["l"] + ([str(i) for i in range(na)] if tied else []))
     hi = _desc_hi(lbo, sbo)
     assert step % 16 == 0
 
@@ -70,7 +73,7 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
         desc = builder.or_(builder.zext(lo, i64), ir.Constant(i64, hi))
         ins = [builder.load(builder.gep(aw, [ir.Constant(i64, i)])) for i in range(4 * nk)] + [desc]
         lt = [i32] * (4 * nk) + [i64]
-        if accumulate:
+        if tied:
             ins += [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
             lt += [f32] * na
         rt = ir.LiteralStructType([f32] * na)
