@@ -735,8 +735,9 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # end to end, docs/kernels_log.md "Ping-pong"). "wg8a": O += P V left running under the next tile's
 # decode and barrier (session 15). "wg8s": wg8a with Q in shared memory and S of the next tile
 # issued before this tile's softmax (session 16). "wg8w": a producer warpgroup decodes the tiles, two
-# consumer warpgroups multiply (session 33) and run each softmax under their last O += P V (session
-# 34). auto picks one of them per format (_prefill_auto).
+# consumer warpgroups multiply (session 33), run each softmax under their last O += P V (session
+# 34) and keep Q in registers (session 35; "wg8wss" reads it from shared memory, as before).
+# auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
        "mma_ws": False, "mma_q_regs": False}
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
@@ -747,8 +748,8 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8pp": {**_WG, "mma_pingpong": True},
     "wg8a": {**_WG, "mma_pv_async": True},
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
-    "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True},
-    "wg8wr": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},
+    "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},
+    "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},
 }
 
 
@@ -757,7 +758,10 @@ def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     known yet). On an sm_90 GPU at head_dim <= 128: "wg8w" when both planes are 4-bit (H100 at
     e8a376f, T 2048 at 32768 keys: 512 against wg8s's 557 us at 4/2/128, 2799 against 3072 at
     32/8/128; generate at 32k 0.870x HF against 0.845x; int8 planes are slower on it, 927 against
-    wg8a's 715 us: bench/results/logs/prefill_ws_h100_e8a376f.json), else "wg8a"
+    wg8a's 715 us: bench/results/logs/prefill_ws_h100_e8a376f.json; with Q in registers since
+    session 35, H100 at 87e5c14: 496 / 489 against 519 / 513 us with Q in shared memory at 4/2/128,
+    2744 / 2708 against 2817 / 2775 at 32/8/128, generate at 32k 0.935x HF against 0.876x:
+    prefill_wg8wr_h100_87e5c14_{a,b}.json, generate_32k_wg8wr_h100_87e5c14.json), else "wg8a"
     (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
     keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
     671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f
