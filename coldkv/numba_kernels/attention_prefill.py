@@ -20,7 +20,7 @@ from coldkv.numba_kernels.attention_cuda import TO16_FP16, _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.fp import bf16_enc, f16_enc
 from coldkv.numba_kernels.mma_ptx import (
-    SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldsm_x4, ldsm_x4_t,
+    SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, setmaxnreg, wgmma,
@@ -122,8 +122,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     QR = ws and q_regs
     TH = 128 if WS else 32 * W  # threads that load tiles (WS: the producer warpgroup)
     TH_ALL = 32 * W + (128 if WS else 0)  # the block
-    NIT = CHB * NC // TH  # load items (key, chunk) per thread per plane and tile
-    KPI = TH // NC  # key stride between a thread's items
+    K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
+    # chunks an item: the WS producer of 4-bit planes loads 16 bytes of codes (4 chunks) a row at a
+    # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight
+    IC = 4 if WS and K4 and V4 else 1
+    NIT = CHB * NC // (TH * IC)  # load items (key, IC chunks) per thread per plane and tile
+    KPI = TH * IC // NC  # key stride between a thread's items
+    CW = IC + 1  # registers an item: its code words, then (4-bit) the scale word
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
     SA = wg and s_ahead and not PP and not WS
@@ -133,7 +138,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     SIM = SIMULATED
     RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
-    K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     # E2M1 tiles hold value * scale * 2^-14 (mma_ptx.dec4_e2m1, exact): undone on the fp32 scores
     # and outputs with the global scales (a power of two: the fp32 sums scale exactly, short of
     # underflow)
@@ -200,9 +204,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         @cuda.jit(device=True, inline=True)
         def issue(words, scales, sarr, base, rows, creg, crs, c, key0, allok):
-            """Start bringing items j (key key0 + KPI j, chunk c; rows[j] < 0: invalid) of the
-            next tile in: bf16 by cp.async into sarr, the others into registers. allok (a
-            constant): every row is valid, so no per-item test is compiled."""
+            """Start bringing items j (key key0 + KPI j, chunks c .. c + IC - 1; rows[j] < 0:
+            invalid) of the next tile in: bf16 by cp.async into sarr, the others into registers
+            (4-bit: creg[j, :IC] the code words, creg[j, IC] the scale word). allok (a constant):
+            every row is valid, so no per-item test is compiled."""
             for j in range(NIT):
                 r = rows[j]
                 ok = allok or r >= 0
@@ -218,6 +223,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     creg[j, 1] = x1 if ok else u32(0)
                     sc = scales[IX(rr)]
                     crs[j] = sc if ok else f32(0.0)
+                elif IC == 4:  # (chunks c .. c + 3 share their scale word: c is a multiple of 4)
+                    x0, x1, x2, x3 = ldg4(words, IX(rr * RW + c))
+                    sc = scales[IX(rr * SW + (c >> 3))]
+                    creg[j, 0] = x0 if ok else u32(0)
+                    creg[j, 1] = x1 if ok else u32(0)
+                    creg[j, 2] = x2 if ok else u32(0)
+                    creg[j, 3] = x3 if ok else u32(0)
+                    creg[j, 4] = sc if ok else u32(0)
                 else:
                     x0 = words[IX(rr * RW + c)]
                     x1 = scales[IX(rr * SW + (c >> 3))]
@@ -233,21 +246,18 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     if fmt == INT8:
                         x0 = creg[j, 0] ^ u32(0x80808080)
                         x1 = creg[j, 1] ^ u32(0x80808080)
-                        y0 = dec_i8(x0, 0x5140)
-                        y1 = dec_i8(x0, 0x7362)
-                        y2 = dec_i8(x1, 0x5140)
-                        y3 = dec_i8(x1, 0x7362)
+                        sts4(sarr, base + soff(key, c), dec_i8(x0, 0x5140), dec_i8(x0, 0x7362),
+                             dec_i8(x1, 0x5140), dec_i8(x1, 0x7362))
                     else:
-                        x = creg[j, 0]
-                        sw = creg[j, 1]
-                        bsh = u32((c >> 1) & 3)
-                        sp = e4m3x2(sw, sw, bsh | (bsh << 4))
-                        z0, z1, z2, z3 = dec8(x)
-                        y0 = mul_f16x2(z0, sp)
-                        y1 = mul_f16x2(z1, sp)
-                        y2 = mul_f16x2(z2, sp)
-                        y3 = mul_f16x2(z3, sp)
-                    sts4(sarr, base + soff(key, c), y0, y1, y2, y3)
+                        sw = creg[j, IC]
+                        sp = u32(0)
+                        for i in range(IC):
+                            if i % 2 == 0:  # the chunk's E4M3 scale byte (chunks 2m, 2m + 1 share it)
+                                bsh = u32(((c + i) >> 1) & 3)
+                                sp = e4m3x2(sw, sw, bsh | (bsh << 4))
+                            z0, z1, z2, z3 = dec8(creg[j, i])
+                            sts4(sarr, base + soff(key, c + i), mul_f16x2(z0, sp), mul_f16x2(z1, sp),
+                                 mul_f16x2(z2, sp), mul_f16x2(z3, sp))
 
         return issue, commit
 
@@ -568,8 +578,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         rk = cuda.local.array(NIT, np.int64)
         rv = cuda.local.array(NIT, np.int64)
         okb = cuda.local.array(NIT, np.int32)
-        kreg = cuda.local.array((NIT, 2), np.uint32)
-        vreg = cuda.local.array((NIT, 2), np.uint32)
+        kreg = cuda.local.array((NIT, CW), np.uint32)
+        vreg = cuda.local.array((NIT, CW), np.uint32)
         krs = cuda.local.array(NIT, np.float32)
         vrs = cuda.local.array(NIT, np.float32)
         c = tid % NC  # the thread's chunk; its keys key0 + KPI j
@@ -849,20 +859,20 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if not consumer:  # ---- the producer warpgroup: every tile, two in flight
             regs_give()
             ptid = tid - 32 * W
-            c = (ptid >> 3) % NC
-            key0 = (ptid & 7) + 8 * (ptid // (8 * NC))
+            c = IC * ((ptid >> 3) % (NC // IC))  # the item's first chunk (8 consecutive threads: 8 keys)
+            key0 = (ptid & 7) + 8 * (ptid // (8 * NC // IC))
             rka = cuda.local.array(NIT, np.int64)
             rva = cuda.local.array(NIT, np.int64)
             oka = cuda.local.array(NIT, np.int32)
-            kra = cuda.local.array((NIT, 2), np.uint32)
-            vra = cuda.local.array((NIT, 2), np.uint32)
+            kra = cuda.local.array((NIT, CW), np.uint32)
+            vra = cuda.local.array((NIT, CW), np.uint32)
             ksa = cuda.local.array(NIT, np.float32)
             vsa = cuda.local.array(NIT, np.float32)
             rkb = cuda.local.array(NIT, np.int64)
             rvb = cuda.local.array(NIT, np.int64)
             okbb = cuda.local.array(NIT, np.int32)
-            krb = cuda.local.array((NIT, 2), np.uint32)
-            vrb = cuda.local.array((NIT, 2), np.uint32)
+            krb = cuda.local.array((NIT, CW), np.uint32)
+            vrb = cuda.local.array((NIT, CW), np.uint32)
             ksb = cuda.local.array(NIT, np.float32)
             vsb = cuda.local.array(NIT, np.float32)
             if ntiles > 0:
