@@ -52,7 +52,8 @@ def no_wgmma_wait3(acc, a, sacc):
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False):
+                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
+                      wide_loads: bool = False):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -99,7 +100,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
     tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
-    shared-memory bytes an S reads for 32 more registers a consumer thread."""
+    shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, 4-bit K
+    and V): the producer loads 16 bytes of codes a row at a time (4 chunks an item)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -125,10 +127,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     # chunks an item: the WS producer of 4-bit planes loads 16 bytes of codes (4 chunks) a row at a
     # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight
-    IC = 4 if WS and K4 and V4 else 1
+    IC = 4 if WS and K4 and V4 and wide_loads else 1
     NIT = CHB * NC // (TH * IC)  # load items (key, IC chunks) per thread per plane and tile
     KPI = TH * IC // NC  # key stride between a thread's items
     CW = IC + 1  # registers an item: its code words, then (4-bit) the scale word
+    NIR = NC // IC  # items a row
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
     SA = wg and s_ahead and not PP and not WS
@@ -248,6 +251,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         x1 = creg[j, 1] ^ u32(0x80808080)
                         sts4(sarr, base + soff(key, c), dec_i8(x0, 0x5140), dec_i8(x0, 0x7362),
                              dec_i8(x1, 0x5140), dec_i8(x1, 0x7362))
+                    elif IC == 1:  # (a loop of one compiles to other SASS than the GPU-tested builds')
+                        bsh = u32((c >> 1) & 3)  # the chunk's E4M3 scale byte
+                        sp = e4m3x2(creg[j, 1], creg[j, 1], bsh | (bsh << 4))
+                        z0, z1, z2, z3 = dec8(creg[j, 0])
+                        sts4(sarr, base + soff(key, c), mul_f16x2(z0, sp), mul_f16x2(z1, sp), mul_f16x2(z2, sp),
+                             mul_f16x2(z3, sp))
                     else:
                         sw = creg[j, IC]
                         sp = u32(0)
@@ -859,8 +868,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if not consumer:  # ---- the producer warpgroup: every tile, two in flight
             regs_give()
             ptid = tid - 32 * W
-            c = IC * ((ptid >> 3) % (NC // IC))  # the item's first chunk (8 consecutive threads: 8 keys)
-            key0 = (ptid & 7) + 8 * (ptid // (8 * NC // IC))
+            c = IC * ((ptid >> 3) % NIR)  # the item's first chunk (8 consecutive threads: 8 keys)
+            key0 = (ptid & 7) + 8 * (ptid // (8 * NIR))
             rka = cuda.local.array(NIT, np.int64)
             rva = cuda.local.array(NIT, np.int64)
             oka = cuda.local.array(NIT, np.int32)
@@ -1029,7 +1038,8 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False):
+                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
+                       wide_loads: bool = False):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1043,15 +1053,16 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and not pingpong
     ws = bool(ws)
     q_regs = bool(q_regs) and ws
+    wide_loads = bool(wide_loads) and ws
     if ws and max_registers is None:  # one block of 384 threads an SM: 65536 / 384 registers
         max_registers = 168
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead, ws, q_regs)
+           pv_async, s_ahead, ws, q_regs, wide_loads)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead, ws, q_regs)
+                                          pv_async, s_ahead, ws, q_regs, wide_loads)
     return _PREFILL[key]
 
 
