@@ -1115,7 +1115,7 @@ def wg_prepare(kern, sig: str, nbytes: int) -> None:
 
 def _ptx_signatures() -> tuple[list, list]:
     """(CI's list: "fa" for each format and lane layout, the runtime's device-position builds on
-    sm_90 (`_prefill_auto`: wg8s for 4-bit K and V, else wg8a), a pre-decoded plane and its
+    sm_90 (`_prefill_auto`: wg8w for 4-bit K and V, else wg8a), a pre-decoded plane and its
     predecode; the rest, run with -m slow: the benchmark's other variants and shapes)."""
     fm = [BF16, INT8, NVFP4, ISO3]
     out = [(get_prefill_kernel(f, f, 2, 128), prefill_sig(f, f)) for f in fm]
@@ -1129,7 +1129,8 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True))]
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
+             prefill_sig(NVFP4, NVFP4, True))]
     predecode_sig = ("void({}, int64, int64, int64, uint32[::1], uint32[::1], int32[:,:,::1], int64, "
                      "uint32[::1])")
     out += [(_build_predecode(fmt, 128, True), predecode_sig.format("int32[::1]")) for fmt in (NVFP4, ISO3)]
@@ -1145,7 +1146,10 @@ def _ptx_signatures() -> tuple[list, list]:
               prefill_sig(BF16, BF16, True)),
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(BF16, INT8, 4, 128, s_ahead=True, **wg8a), prefill_sig(BF16, INT8)),
-             (get_prefill_kernel(INT8, ISO3, 4, 64, ws=True, **wg8a), prefill_sig(INT8, ISO3))]
+             (get_prefill_kernel(INT8, ISO3, 4, 64, ws=True, **wg8a), prefill_sig(INT8, ISO3)),
+             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
+             (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
+              prefill_sig(ISO3, NVFP4, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
 
