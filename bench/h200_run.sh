@@ -13,7 +13,9 @@
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
-#   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s; ~60 s)
+#   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s, wg8w; ~60 s)
+#   wide      wg8w against wg8ww (the producer's 16-byte loads, session 35) at T 2048, two rounds in one
+#             process, then generate at 32k with both (~150 s after the tests)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -68,11 +70,23 @@ if has rqab; then
 fi
 if has prefill; then
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8s --formats bf16 nvfp4 --repeats 5 \
+    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8s wg8w --formats bf16 nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
   save
 fi
+if has wide; then
+  for r in a b; do  # two rounds (processes; the second loads the kernels from the disk cache)
+    timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
+      --shapes 4/2/128 32/8/128 --paths wg8w wg8ww --formats nvfp4 --repeats 5 \
+      --out "$OUT/attention_prefill_wide_$r.json" >> "$OUT/prefill_wide.log" 2>&1
+    save
+  done
+fi
 wait
+save
+has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --prompts 32768 \
+  --tables nvfp4 --prefill-attention auto,wg8ww --repeats 2 --no-launch-ab \
+  --out "$OUT/generate_32k_wide.json" > "$OUT/generate_wide.log" 2>&1
 save
 has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" \
   --repeats $([ $(left) -gt 150 ] && echo 2 || echo 1) --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
@@ -107,7 +121,8 @@ for l in sys.stdin:
 grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
-grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
+grep -h " us valid" "$OUT/prefill.log" "$OUT/prefill_wide.log" 2>/dev/null
+grep '^{' "$OUT/generate_wide.log" 2>/dev/null | cut -c1-300
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
 grep -E '^(floor|\{)' "$OUT/breakdown.log" 2>/dev/null | cut -c1-240
