@@ -33,6 +33,7 @@ WS_REGS_PRODUCER, WS_REGS_CONSUMER = 136, 184
 # with two producer warpgroups (one a plane): 128 at launch (512 threads), then 80 a producer and
 # 176 a consumer thread (ptxas 13.0, nvfp4: 72 / 184 spilled 224 B, most of it in the producer loop)
 WS_REGS_PRODUCER2 = 80
+WS_REGS_CONSUMER2 = (65536 - 256 * WS_REGS_PRODUCER2) // 256
 
 
 @cuda.jit(device=True, inline=True)
@@ -169,7 +170,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
     regs_give = setmaxnreg(WS_REGS_PRODUCER if NPW == 1 else WS_REGS_PRODUCER2, False) if WS else None
-    regs_take = setmaxnreg(WS_REGS_CONSUMER if NPW == 1 else 256 - WS_REGS_PRODUCER2, True) if WS else None
+    regs_take = setmaxnreg(WS_REGS_CONSUMER if NPW == 1 else WS_REGS_CONSUMER2, True) if WS else None
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
@@ -312,14 +313,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             okb[j] = 1 if r_k >= 0 else 0
 
     @cuda.jit(device=True, inline=True)
+    def mine(pl, plane):
+        """Whether a producer of plane pl handles `plane` (one producer warpgroup: both)."""
+        return NPW == 1 or pl == plane
+
+    @cuda.jit(device=True, inline=True)
     def put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, pl):
         """Decode the registers of issue_k / issue_v into buffer b, with the keys' valid flags and
         int8 row scales (NPW 2: only plane pl's, and the flags with K)."""
-        if NPW == 1 or pl == 0:
+        if mine(pl, 0):
             commit_k(KS, b * BUFW, kreg, c, key0)
-        if NPW == 1 or pl == 1:
+        if mine(pl, 1):
             commit_v(VS, b * BUFW, vreg, c, key0)
-        if c == 0 and (NPW == 1 or pl == 0):
+        if c == 0 and mine(pl, 0):
             for j in range(NIT):
                 key = b * CHB + key0 + KPI * j
                 kval[key] = okb[j]
@@ -812,15 +818,15 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 rk[j] = rk0 + KPI * j
                 rv[j] = rv0 + KPI * j
                 okb[j] = 1
-            if NPW == 1 or pl == 0:
+            if mine(pl, 0):
                 issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, True)
-            if NPW == 1 or pl == 1:
+            if mine(pl, 1):
                 issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, True)
         else:
             item_rows(table, h, P, fastp, kl, ke, kl // P, kl % P, key0, rk, rv, okb)
-            if NPW == 1 or pl == 0:
+            if mine(pl, 0):
                 issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, False)
-            if NPW == 1 or pl == 1:
+            if mine(pl, 1):
                 issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
 
     @cuda.jit(device=True, inline=True)
