@@ -57,7 +57,7 @@ def no_wgmma_wait3(acc, a, sacc):
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                      wide_loads: bool = False, producers: int = 1):
+                      wide_loads: bool = False, producers: int = 1, depth: int = 2):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -106,7 +106,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, 4-bit K
     and V): the producer loads 16 bytes of codes a row at a time (4 chunks an item). producers (ws):
-    2 puts a producer warpgroup on each plane (K, V), each at half the registers."""
+    2 puts a producer warpgroup on each plane (K, V), each at half the registers. depth (ws): tiles
+    whose loads a producer thread has in flight (2, or 3: one more slot of registers)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -116,6 +117,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                          "K and V int8 / nvfp4 / iso3 codes")
     if producers != 1 and (not ws or producers != 2 or kf not in (NVFP4, ISO3) or vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: two producer warpgroups are for ws with 4-bit K and V")
+    if depth not in (2, 3) or (depth != 2 and not ws):
+        raise ValueError("attention_prefill: the producer has 2 or 3 tiles of loads in flight (ws only)")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
         raise ValueError("attention_prefill: the wgmma kernel's tiles are at most 8192 / head_dim keys")
     NS = D // 16
@@ -140,6 +143,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     KPI = TH * IC // NC  # key stride between a thread's items
     CW = IC + 1  # registers an item: its code words, then (4-bit) the scale word
     NIR = NC // IC  # items a row
+    NF = depth  # WS producer: tiles of loads in flight
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
     SA = wg and s_ahead and not PP and not WS
@@ -806,10 +810,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                    out16, to16)
 
     @cuda.jit(device=True, inline=True)
-    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, rk, rv, okb,
-                 kreg, vreg, krs, vrs, sarr, pl):
-        """WS producer: the rows of the tile at key kl and its code words into registers (sarr: a
-        shared array issue_k / issue_v take, unused: code words go to registers)."""
+    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, slot, sarr, pl):
+        """WS producer: the rows of the tile at key kl and its code words into a slot's registers
+        (sarr: a shared array issue_k / issue_v take, unused: code words go to registers)."""
+        rk, rv, okb, kreg, vreg, krs, vrs = slot
         if fastp and not holes and kl + CHB <= ke:  # the common tile (as in attn_mma_fa)
             pg = kl // P
             rk0 = i64(table[0, h, IX(pg)]) * P + (kl - pg * P) + key0
@@ -830,15 +834,27 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
 
     @cuda.jit(device=True, inline=True)
-    def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, pl):
+    def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot, pl):
         """WS producer: wait until the consumers are done with tile t's buffer (its last use was
-        tile t - WS_STAGES), decode tile t into it and hand it over."""
+        tile t - WS_STAGES), decode tile t from a slot's registers into it and hand it over."""
+        _, _, okb, kreg, vreg, krs, vrs = slot
         b = t % NBUF
         if t >= NBUF:
             bar_sync(1 + NBUF + b, TH_ALL)
         put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, pl)
         fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
         bar_arrive(1 + b, TH_ALL)
+
+    @cuda.jit(device=True, inline=True)
+    def ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS, VS, ksr,
+                vsr, kval, key0, c, ahead, slot, pl, lead):
+        """WS producer: the loads of tile t + NF - 1 into slot `ahead`, then tile t from `slot` (lead:
+        t is known to be a tile)."""
+        if t + NF - 1 < ntiles:
+            ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + NF - 1) * CHB, ke,
+                     key0, c, ahead, KS, pl)
+        if lead or t < ntiles:
+            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot, pl)
 
     @jit
     def attn_ws(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16, to16):
@@ -891,34 +907,34 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             ptid = tid - 32 * W - 128 * pl
             c = IC * ((ptid >> 3) % NIR)  # the item's first chunk (8 consecutive threads: 8 keys)
             key0 = (ptid & 7) + 8 * (ptid // (8 * NIR))
-            rka = cuda.local.array(NIT, np.int64)
-            rva = cuda.local.array(NIT, np.int64)
-            oka = cuda.local.array(NIT, np.int32)
-            kra = cuda.local.array((NIT, CW), np.uint32)
-            vra = cuda.local.array((NIT, CW), np.uint32)
-            ksa = cuda.local.array(NIT, np.float32)
-            vsa = cuda.local.array(NIT, np.float32)
-            rkb = cuda.local.array(NIT, np.int64)
-            rvb = cuda.local.array(NIT, np.int64)
-            okbb = cuda.local.array(NIT, np.int32)
-            krb = cuda.local.array((NIT, CW), np.uint32)
-            vrb = cuda.local.array((NIT, CW), np.uint32)
-            ksb = cuda.local.array(NIT, np.float32)
-            vsb = cuda.local.array(NIT, np.float32)
+            s0 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
+                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
+                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
+            s1 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
+                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
+                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
+            s2 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
+                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
+                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
             if ntiles > 0:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c,
-                         rka, rva, oka, kra, vra, ksa, vsa, KS, pl)
-            for t2 in range((ntiles + 1) // 2):
-                t = 2 * t2
-                if t + 1 < ntiles:
-                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 1) * CHB,
-                             ke, key0, c, rkb, rvb, okbb, krb, vrb, ksb, vsb, KS, pl)
-                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, oka, kra, vra, ksa, vsa, pl)
-                if t + 2 < ntiles:
-                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + 2) * CHB,
-                             ke, key0, c, rka, rva, oka, kra, vra, ksa, vsa, KS, pl)
-                if t + 1 < ntiles:
-                    ws_put(t + 1, KS, VS, ksr, vsr, kval, key0, c, okbb, krb, vrb, ksb, vsb, pl)
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS, pl)
+            if NF == 3 and ntiles > 1:
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + CHB, ke, key0, c, s1,
+                         KS, pl)
+            for tn in range((ntiles + NF - 1) // NF):  # the slots in turn (unrolled by hand: registers)
+                t = NF * tn
+                if NF == 2:
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
+                            VS, ksr, vsr, kval, key0, c, s1, s0, pl, True)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
+                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, pl, False)
+                else:
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
+                            VS, ksr, vsr, kval, key0, c, s2, s0, pl, True)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
+                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, pl, False)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
+                            KS, VS, ksr, vsr, kval, key0, c, s1, s2, pl, False)
             return
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
@@ -1060,7 +1076,7 @@ _PREFILL: dict = {}
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
                        pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                       wide_loads: bool = False, producers: int = 1):
+                       wide_loads: bool = False, producers: int = 1, depth: int = 2):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1076,15 +1092,16 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     q_regs = bool(q_regs) and ws
     wide_loads = bool(wide_loads) and ws
     producers = int(producers) if ws else 1
+    depth = int(depth) if ws else 2
     if ws and max_registers is None:  # one block an SM: 65536 / its threads, a multiple of 8
         max_registers = 65536 // prefill_threads(warps, ws, producers) // 8 * 8
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead, ws, q_regs, wide_loads, producers)
+           pv_async, s_ahead, ws, q_regs, wide_loads, producers, depth)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead, ws, q_regs, wide_loads, producers)
+                                          pv_async, s_ahead, ws, q_regs, wide_loads, producers, depth)
     return _PREFILL[key]
 
 
