@@ -14,9 +14,9 @@
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s, wg8w; ~60 s)
-#   wide      wg8w against wg8ww (the producer's 16-byte loads), wg8w2 (and a producer warpgroup a
-#             plane; session 35) and wg8w3 (wg8ww with a third tile of loads in flight; session 36) at
-#             T 2048, two rounds, then generate at 32k with all four (~250 s after the tests)
+#   wide      wg8w (16-byte loads of 4-bit codes since session 36) against wg8w3 (a third tile of loads in
+#             flight) and wg8wn (4-byte loads) at T 2048, two rounds, then generate at 32k with wg8w and
+#             wg8w3 (~250 s after the tests)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -78,7 +78,7 @@ fi
 if has wide; then
   for r in a b; do  # two rounds (processes; the second loads the kernels from the disk cache)
     timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
-      --shapes 4/2/128 32/8/128 --paths wg8w wg8ww wg8w2 wg8w3 --formats nvfp4 --repeats 5 \
+      --shapes 4/2/128 32/8/128 --paths wg8w wg8w3 wg8wn --formats nvfp4 --repeats 5 \
       --out "$OUT/attention_prefill_wide_$r.json" >> "$OUT/prefill_wide.log" 2>&1
     save
   done
@@ -86,7 +86,7 @@ fi
 wait
 save
 has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --prompts 32768 \
-  --tables nvfp4 --prefill-attention auto,wg8ww,wg8w2,wg8w3 --repeats 2 --no-launch-ab \
+  --tables nvfp4 --prefill-attention auto,wg8w3 --repeats 2 --no-launch-ab \
   --out "$OUT/generate_32k_wide.json" > "$OUT/generate_wide.log" 2>&1
 save
 has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" \

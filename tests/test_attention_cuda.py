@@ -105,7 +105,7 @@ def _kernel_kw(kernel):
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
             **{"mma_" + k: {"kernel": "mma", **A.PREFILL_KERNELS[k]}
-               for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wss", "wg8ww", "wg8w2", "wg8w3")},
+               for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss", "wg8w2", "wg8w3")},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False},
@@ -263,15 +263,17 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
 
 
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
-    ("mma_wg8w", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # 7 tiles of 64 keys in one page, a part tile at the end
-    ("mma_wg8ww", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # the producer's 16-byte loads
+    # 7 tiles of 64 keys in one page, a part tile at the end; the producer's 16-byte loads
+    ("mma_wg8w", "nvfp4", "iso3", 2, 128, 12, 420, 512),
+    ("mma_wg8wn", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # its 4-byte loads
     ("mma_wg8w2", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # a producer warpgroup a plane
     pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
     pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),  # int8 scales of both planes
-    pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),  # 2nd warpgroup past the chunk
-    pytest.param("mma_wg8ww", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])  # 2 items a row at d 64
+    # the 2nd warpgroup past the chunk; 2 items a row at d 64
+    pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
+    pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])
 def test_warp_specialized_prefill_emulated(kernel, kname, vname, G, D, T, L, P):
     """wg8w: the producer warpgroup decodes tiles into a ring of WS_STAGES buffers and the two
     consumer warpgroups take them, by named barriers, which the simulator runs for real and which
@@ -639,11 +641,11 @@ def test_prefill_kernel_names():
     assert A.prefill_kernel("wg8s", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
                                              "mma_s_ahead": True}
     assert A.prefill_kernel("wg8w", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
-                                             "mma_ws": True, "mma_q_regs": True}
-    assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8w", 128), "mma_q_regs": False}
-    assert A.prefill_kernel("wg8ww", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": True}
-    assert A.prefill_kernel("wg8w2", 128) == {**A.prefill_kernel("wg8ww", 128), "mma_producers": 2}
-    assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8ww", 128), "mma_depth": 3}
+                                             "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}
+    assert A.prefill_kernel("wg8wn", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": False}
+    assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8wn", 128), "mma_q_regs": False}
+    assert A.prefill_kernel("wg8w2", 128) == {**A.prefill_kernel("wg8w", 128), "mma_producers": 2}
+    assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 3}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     nv, b = Q.NVFP4, Q.BF16
     assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
@@ -844,14 +846,14 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wss", "mma_wg8ww", "mma_wg8w2", "mma_wg8w3"])
+@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w2", "mma_wg8w3"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
                                                    ("iso3", "nvfp4", 2, 128, 100, 5000, 32)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
-    """wg8w (a producer warpgroup decodes, two consumers multiply), wg8wss (Q in shared memory) and
-    wg8ww (the producer's 16-byte loads), wg8w2 (and a producer warpgroup a plane), wg8w3 (wg8ww
-    with a third tile of loads in flight):
+    """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
+    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w2 (a producer warpgroup a plane),
+    wg8w3 (a third tile of loads in flight):
     long rings of tiles, many blocks, and blocks whose split range is empty (the early query
     blocks' last splits)."""
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 2,
@@ -861,7 +863,7 @@ def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s",
-                                    "mma_wg8w", "mma_wg8wss", "mma_wg8ww", "mma_wg8w2", "mma_wg8w3"])
+                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w2", "mma_wg8w3"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

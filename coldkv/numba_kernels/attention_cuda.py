@@ -736,7 +736,8 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # decode and barrier (session 15). "wg8s": wg8a with Q in shared memory and S of the next tile
 # issued before this tile's softmax (session 16). "wg8w": a producer warpgroup decodes the tiles, two
 # consumer warpgroups multiply (session 33), run each softmax under their last O += P V (session
-# 34) and keep Q in registers (session 35; "wg8wss" reads it from shared memory, as before).
+# 34), keep Q in registers (session 35; "wg8wss" reads it from shared memory, as before) and, with
+# 4-bit K and V, load 16 bytes of codes a row at a time (session 36; "wg8wn" loads 4, as before).
 # auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
        "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_producers": 1, "mma_depth": 2}
@@ -748,14 +749,14 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8pp": {**_WG, "mma_pingpong": True},
     "wg8a": {**_WG, "mma_pv_async": True},
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
-    "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},
-    "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},
-    # the producer's 16-byte loads (session 35): fewer instructions and registers, not yet GPU-run
-    "wg8ww": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
-    # and a producer warpgroup a plane (session 35): the producer set the pace; not yet GPU-run
+    # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww, auto's since 36)
+    "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
+    "wg8wn": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},  # 4 bytes at a time
+    "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},  # and Q in shared memory
+    # wg8w with a producer warpgroup a plane (session 35): slower (515 against 491 us at 4/2/128)
     "wg8w2": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_producers": 2},
-    # wg8ww with a third tile of loads in flight in the producer (session 36); not yet GPU-run
+    # wg8w with a third tile of loads in flight in the producer (session 36); not yet GPU-run
     "wg8w3": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_depth": 3},
 }
@@ -769,7 +770,10 @@ def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     wg8a's 715 us: bench/results/logs/prefill_ws_h100_e8a376f.json; with Q in registers since
     session 35, H100 at 87e5c14: 496 / 489 against 519 / 513 us with Q in shared memory at 4/2/128,
     2744 / 2708 against 2817 / 2775 at 32/8/128, generate at 32k 0.935x HF against 0.876x:
-    prefill_wg8wr_h100_87e5c14_{a,b}.json, generate_32k_wg8wr_h100_87e5c14.json), else "wg8a"
+    prefill_wg8wr_h100_87e5c14_{a,b}.json, generate_32k_wg8wr_h100_87e5c14.json; with 16-byte loads
+    since session 36, H100 at b30c735 (as "wg8ww"): 480 / 475 against 491 / 488 us at 4/2/128,
+    2618 / 2626 against 2722 / 2713 at 32/8/128, generate at 32k 0.928x HF against 0.918x:
+    prefill_wide_h100_b30c735_{a,b}.json, generate_32k_wide_h100_b30c735.json), else "wg8a"
     (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
     keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
     671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f

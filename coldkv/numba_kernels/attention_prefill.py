@@ -1154,7 +1154,7 @@ def wg_prepare(kern, sig: str, nbytes: int) -> None:
 
 def _ptx_signatures() -> tuple[list, list]:
     """(CI's list: "fa" for each format and lane layout, the runtime's device-position builds on
-    sm_90 (`_prefill_auto`: wg8w for 4-bit K and V, else wg8a), a pre-decoded plane and its
+    sm_90 (`_prefill_auto`: wg8w for 4-bit K and V, 16-byte loads, else wg8a), a pre-decoded plane and its
     predecode; the rest, run with -m slow: the benchmark's other variants and shapes)."""
     fm = [BF16, INT8, NVFP4, ISO3]
     out = [(get_prefill_kernel(f, f, 2, 128), prefill_sig(f, f)) for f in fm]
@@ -1168,7 +1168,7 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
              prefill_sig(NVFP4, NVFP4, True))]
     predecode_sig = ("void({}, int64, int64, int64, uint32[::1], uint32[::1], int32[:,:,::1], int64, "
                      "uint32[::1])")
@@ -1190,7 +1190,11 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
               prefill_sig(ISO3, NVFP4, True)),
              (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, producers=2,
-                                 **wg8a), prefill_sig(NVFP4, ISO3, True))]
+                                 **wg8a), prefill_sig(NVFP4, ISO3, True)),
+             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
+              prefill_sig(NVFP4, NVFP4, True)),
+             (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
+                                 **wg8a), prefill_sig(ISO3, ISO3, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
 
