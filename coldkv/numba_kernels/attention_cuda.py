@@ -923,7 +923,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     warpgroup decodes the tiles, attention_prefill's attn_ws) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
     Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and 4-bit K and V,
     the producer loads 16 bytes of codes a row at a time) / mma_producers (None: auto's likewise; 2 with mma_ws and
-    4-bit K and V: a producer warpgroup a plane) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
+    4-bit K and V: a producer warpgroup a plane, else 1) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
     producer a third tile of loads in flight): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
@@ -979,6 +979,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_q_regs = bool(auto["mma_q_regs"] if mma_q_regs is None and is_auto else mma_q_regs)
     mma_wide_loads = bool(auto["mma_wide_loads"] if mma_wide_loads is None and is_auto else mma_wide_loads)
     mma_producers = int(auto["mma_producers"] if mma_producers is None and is_auto else mma_producers or 1)
+    if k_fmt not in (NVFP4, ISO3) or v_fmt not in (NVFP4, ISO3):  # a producer a plane: 4-bit planes only
+        mma_producers = 1  # (as 16-byte loads: "wg8w2" is wg8w on a layer of any other format)
     mma_depth = int(auto["mma_depth"] if mma_depth is None and is_auto else mma_depth or 2)
     if mma_pv_async is None:  # auto's, for auto's kernel and warps
         mma_pv_async = is_auto and auto["mma_pv_async"]
