@@ -89,9 +89,8 @@ def main() -> None:
             kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
                                          s_ahead=kw["mma_s_ahead"], ws=kw["mma_ws"], q_regs=kw["mma_q_regs"],
-                                         wide_loads=kw["mma_wide_loads"], producers=kw["mma_producers"],
-                                         depth=kw["mma_depth"])
-            cap = 65536 // AP.prefill_threads(8, True, kw["mma_producers"]) // 8 * 8 if kw["mma_ws"] else 0
+                                         wide_loads=kw["mma_wide_loads"], depth=kw["mma_depth"])
+            cap = 65536 // AP.prefill_threads(8, True) // 8 * 8 if kw["mma_ws"] else 0
             info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a",
                                   cap)
             counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}" if sass else ""

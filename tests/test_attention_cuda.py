@@ -105,7 +105,7 @@ def _kernel_kw(kernel):
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
             **{"mma_" + k: {"kernel": "mma", **A.PREFILL_KERNELS[k]}
-               for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss", "wg8w2", "wg8w3")},
+               for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss", "wg8w3")},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False},
@@ -266,7 +266,6 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     # 7 tiles of 64 keys in one page, a part tile at the end; the producer's 16-byte loads
     ("mma_wg8w", "nvfp4", "iso3", 2, 128, 12, 420, 512),
     ("mma_wg8wn", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # its 4-byte loads
-    ("mma_wg8w2", "nvfp4", "iso3", 2, 128, 12, 420, 512),  # a producer warpgroup a plane
     pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
@@ -340,8 +339,6 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.BF16, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True)
     with pytest.raises(ValueError, match="whole warpgroups"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=6)
-    with pytest.raises(ValueError, match="two producer warpgroups"):  # a plane each: 4-bit planes only
-        AP.get_prefill_kernel(Q.INT8, Q.INT8, 2, 128, kind="wg", warps=8, ws=True, producers=2)
     with pytest.raises(ValueError, match="2 or 3 tiles"):
         AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, depth=4)
     with pytest.raises(ValueError, match="8192 / head_dim"):  # wrong on the H200, right in the simulator
@@ -632,10 +629,10 @@ def test_prefill_kernel_names():
     given; "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a or wg8s on
     the H200 by format); an unknown name is an error."""
     off = {"mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False, "mma_ws": False, "mma_q_regs": False,
-           "mma_wide_loads": False, "mma_producers": 1, "mma_depth": 2}
+           "mma_wide_loads": False, "mma_depth": 2}
     assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
                                            "mma_s_ahead": False, "mma_ws": False, "mma_q_regs": False,
-                                           "mma_wide_loads": False, "mma_producers": 1, "mma_depth": 2}
+                                           "mma_wide_loads": False, "mma_depth": 2}
     assert A.prefill_kernel("wg8pp", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pingpong": True}
     assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True}
     assert A.prefill_kernel("wg8s", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
@@ -644,7 +641,6 @@ def test_prefill_kernel_names():
                                              "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}
     assert A.prefill_kernel("wg8wn", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": False}
     assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8wn", 128), "mma_q_regs": False}
-    assert A.prefill_kernel("wg8w2", 128) == {**A.prefill_kernel("wg8w", 128), "mma_producers": 2}
     assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 3}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     nv, b = Q.NVFP4, Q.BF16
@@ -846,14 +842,13 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w2", "mma_wg8w3"])
+@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
                                                    ("iso3", "nvfp4", 2, 128, 100, 5000, 32)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
     """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
-    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w2 (a producer warpgroup a plane),
-    wg8w3 (a third tile of loads in flight):
+    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 (a third tile of loads in flight):
     long rings of tiles, many blocks, and blocks whose split range is empty (the early query
     blocks' last splits)."""
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 2,
@@ -863,7 +858,7 @@ def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s",
-                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w2", "mma_wg8w3"])
+                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

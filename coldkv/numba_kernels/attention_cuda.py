@@ -740,10 +740,10 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # 4-bit K and V, load 16 bytes of codes a row at a time (session 36; "wg8wn" loads 4, as before).
 # auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
-       "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_producers": 1, "mma_depth": 2}
+       "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2}
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "fa": {"mma_prefill": "fa", "mma_warps": NWARPS, "mma_pv_async": False, "mma_s_ahead": False, "mma_ws": False,
-           "mma_q_regs": False, "mma_wide_loads": False, "mma_producers": 1, "mma_depth": 2},
+           "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2},
     "wg": {**_WG, "mma_warps": 4},
     "wg8": _WG,
     "wg8pp": {**_WG, "mma_pingpong": True},
@@ -753,9 +753,6 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
     "wg8wn": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},  # 4 bytes at a time
     "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},  # and Q in shared memory
-    # wg8w with a producer warpgroup a plane (session 35): slower (515 against 491 us at 4/2/128)
-    "wg8w2": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
-              "mma_producers": 2},
     # wg8w with a third tile of loads in flight in the producer (session 36); not yet GPU-run
     "wg8w3": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_depth": 3},
@@ -890,7 +887,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
                          mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=None, mma_q_regs=None,
-                         mma_wide_loads=None, mma_producers=None, mma_depth=None):
+                         mma_wide_loads=None, mma_depth=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -922,8 +919,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
     warpgroup decodes the tiles, attention_prefill's attn_ws) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
     Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and 4-bit K and V,
-    the producer loads 16 bytes of codes a row at a time) / mma_producers (None: auto's likewise; 2 with mma_ws and
-    4-bit K and V: a producer warpgroup a plane, else 1) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
+    the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
     producer a third tile of loads in flight): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
@@ -978,9 +974,6 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_ws = bool(auto["mma_ws"] if mma_ws is None and is_auto else mma_ws)
     mma_q_regs = bool(auto["mma_q_regs"] if mma_q_regs is None and is_auto else mma_q_regs)
     mma_wide_loads = bool(auto["mma_wide_loads"] if mma_wide_loads is None and is_auto else mma_wide_loads)
-    mma_producers = int(auto["mma_producers"] if mma_producers is None and is_auto else mma_producers or 1)
-    if k_fmt not in (NVFP4, ISO3) or v_fmt not in (NVFP4, ISO3):  # a producer a plane: 4-bit planes only
-        mma_producers = 1  # (as 16-byte loads: "wg8w2" is wg8w on a layer of any other format)
     mma_depth = int(auto["mma_depth"] if mma_depth is None and is_auto else mma_depth or 2)
     if mma_pv_async is None:  # auto's, for auto's kernel and warps
         mma_pv_async = is_auto and auto["mma_pv_async"]
@@ -1003,8 +996,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
             chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong,
             pv_async=mma_pv_async, s_ahead=mma_s_ahead, ws=mma_ws, q_regs=mma_q_regs,
-            wide_loads=mma_wide_loads, producers=mma_producers, depth=mma_depth)
-        threads = attention_prefill.prefill_threads(mma_warps, mma_ws, mma_producers)
+            wide_loads=mma_wide_loads, depth=mma_depth)
+        threads = attention_prefill.prefill_threads(mma_warps, mma_ws)
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb, mma_s_ahead and not mma_pingpong, mma_warps, mma_ws) if wg else 0
         sig = attention_prefill.prefill_sig(k_fmt, v_fmt, devpos)
         if dyn:

@@ -30,10 +30,6 @@ WS_STAGES = 4  # the warp-specialized kernel's ring of K / V tiles (160 KB with 
 # its registers a thread: 168 at launch (one block of 384 threads an SM), then the producer gives
 # some to the consumers (128 x WS_REGS_PRODUCER + 256 x WS_REGS_CONSUMER <= 65536)
 WS_REGS_PRODUCER, WS_REGS_CONSUMER = 136, 184
-# with two producer warpgroups (one a plane): 128 at launch (512 threads), then 80 a producer and
-# 176 a consumer thread (ptxas 13.0, nvfp4: 72 / 184 spilled 224 B, most of it in the producer loop)
-WS_REGS_PRODUCER2 = 80
-WS_REGS_CONSUMER2 = (65536 - 256 * WS_REGS_PRODUCER2) // 256
 
 
 @cuda.jit(device=True, inline=True)
@@ -57,7 +53,7 @@ def no_wgmma_wait3(acc, a, sacc):
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                      wide_loads: bool = False, producers: int = 1, depth: int = 2):
+                      wide_loads: bool = False, depth: int = 2):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -105,8 +101,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, 4-bit K
-    and V): the producer loads 16 bytes of codes a row at a time (4 chunks an item). producers (ws):
-    2 puts a producer warpgroup on each plane (K, V), each at half the registers. depth (ws): tiles
+    and V): the producer loads 16 bytes of codes a row at a time (4 chunks an item). depth (ws): tiles
     whose loads a producer thread has in flight (2, or 3: one more slot of registers)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
@@ -115,8 +110,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     if ws and (not wg or W != 8 or pingpong or BF16 in (kf, vf) or pre[0] or pre[1]):
         raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
                          "K and V int8 / nvfp4 / iso3 codes")
-    if producers != 1 and (not ws or producers != 2 or kf not in (NVFP4, ISO3) or vf not in (NVFP4, ISO3)):
-        raise ValueError("attention_prefill: two producer warpgroups are for ws with 4-bit K and V")
     if depth not in (2, 3) or (depth != 2 and not ws):
         raise ValueError("attention_prefill: the producer has 2 or 3 tiles of loads in flight (ws only)")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
@@ -133,8 +126,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     WS = ws
     QR = ws and q_regs
     TH = 128 if WS else 32 * W  # threads that load tiles (WS: the producer warpgroup)
-    NPW = producers if WS else 1  # producer warpgroups (2: one a plane)
-    TH_ALL = 32 * W + (128 * NPW if WS else 0)  # the block
+    TH_ALL = 32 * W + (128 if WS else 0)  # the block
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     # chunks an item: the WS producer of 4-bit planes loads 16 bytes of codes (4 chunks) a row at a
     # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight
@@ -173,8 +165,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
-    regs_give = setmaxnreg(WS_REGS_PRODUCER if NPW == 1 else WS_REGS_PRODUCER2, False) if WS else None
-    regs_take = setmaxnreg(WS_REGS_CONSUMER if NPW == 1 else WS_REGS_CONSUMER2, True) if WS else None
+    regs_give = setmaxnreg(WS_REGS_PRODUCER, False) if WS else None
+    regs_take = setmaxnreg(WS_REGS_CONSUMER, True) if WS else None
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
@@ -317,19 +309,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             okb[j] = 1 if r_k >= 0 else 0
 
     @cuda.jit(device=True, inline=True)
-    def mine(pl, plane):
-        """Whether a producer of plane pl handles `plane` (one producer warpgroup: both)."""
-        return NPW == 1 or pl == plane
-
-    @cuda.jit(device=True, inline=True)
-    def put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, pl):
+    def put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs):
         """Decode the registers of issue_k / issue_v into buffer b, with the keys' valid flags and
-        int8 row scales (NPW 2: only plane pl's, and the flags with K)."""
-        if mine(pl, 0):
-            commit_k(KS, b * BUFW, kreg, c, key0)
-        if mine(pl, 1):
-            commit_v(VS, b * BUFW, vreg, c, key0)
-        if c == 0 and mine(pl, 0):
+        int8 row scales."""
+        commit_k(KS, b * BUFW, kreg, c, key0)
+        commit_v(VS, b * BUFW, vreg, c, key0)
+        if c == 0:
             for j in range(NIT):
                 key = b * CHB + key0 + KPI * j
                 kval[key] = okb[j]
@@ -645,7 +630,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 item_rows(table, h, P, fastp, kb + pt * CHB, ke, ipg, ioff, key0, rk, rv, okb)
                 issue_k(k_words, k_scales, KS, pt * BUFW, rk, kreg, krs, c, key0, False)
                 issue_v(v_words, v_scales, VS, pt * BUFW, rv, vreg, vrs, c, key0, False)
-                put_tile(pt, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, 0)
+                put_tile(pt, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
                 ioff += CHB
                 if ioff >= P:
                     ioff -= P
@@ -810,7 +795,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                    out16, to16)
 
     @cuda.jit(device=True, inline=True)
-    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, slot, sarr, pl):
+    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, slot, sarr):
         """WS producer: the rows of the tile at key kl and its code words into a slot's registers
         (sarr: a shared array issue_k / issue_v take, unused: code words go to registers)."""
         rk, rv, okb, kreg, vreg, krs, vrs = slot
@@ -822,39 +807,35 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 rk[j] = rk0 + KPI * j
                 rv[j] = rv0 + KPI * j
                 okb[j] = 1
-            if mine(pl, 0):
-                issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, True)
-            if mine(pl, 1):
-                issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, True)
+            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, True)
+            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, True)
         else:
             item_rows(table, h, P, fastp, kl, ke, kl // P, kl % P, key0, rk, rv, okb)
-            if mine(pl, 0):
-                issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, False)
-            if mine(pl, 1):
-                issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
+            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, False)
+            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
 
     @cuda.jit(device=True, inline=True)
-    def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot, pl):
+    def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot):
         """WS producer: wait until the consumers are done with tile t's buffer (its last use was
         tile t - WS_STAGES), decode tile t from a slot's registers into it and hand it over."""
         _, _, okb, kreg, vreg, krs, vrs = slot
         b = t % NBUF
         if t >= NBUF:
             bar_sync(1 + NBUF + b, TH_ALL)
-        put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs, pl)
+        put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
         fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
         bar_arrive(1 + b, TH_ALL)
 
     @cuda.jit(device=True, inline=True)
     def ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS, VS, ksr,
-                vsr, kval, key0, c, ahead, slot, pl, lead):
+                vsr, kval, key0, c, ahead, slot, lead):
         """WS producer: the loads of tile t + NF - 1 into slot `ahead`, then tile t from `slot` (lead:
         t is known to be a tile)."""
         if t + NF - 1 < ntiles:
             ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + NF - 1) * CHB, ke,
-                     key0, c, ahead, KS, pl)
+                     key0, c, ahead, KS)
         if lead or t < ntiles:
-            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot, pl)
+            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
 
     @jit
     def attn_ws(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16, to16):
@@ -884,8 +865,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         tq0 = tqb0 + warp * TPM  # (consumer warps < W)
         # the role, through a shuffle so that ptxas sees it is warp-uniform (a divergent path around
         # the wgmmas serializes them, C7518; CUTLASS's canonical_warp_group_idx does the same)
-        role = cuda.shfl_sync(0xFFFFFFFF, tid // 128, 0)
-        consumer = role < W // 4
+        consumer = cuda.shfl_sync(0xFFFFFFFF, tid // 128, 0) < W // 4
         active = consumer and tq0 < T
         tq_last = min(tq0 + TPM, T) - 1
         Lb = pos0 + tqb_last + 1
@@ -903,8 +883,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         if not consumer:  # ---- the producer warpgroup: every tile, two in flight
             regs_give()
-            pl = role - W // 4 if NPW == 2 else 0  # the producer's plane (0 K, 1 V; NPW 1: both)
-            ptid = tid - 32 * W - 128 * pl
+            ptid = tid - 32 * W
             c = IC * ((ptid >> 3) % NIR)  # the item's first chunk (8 consecutive threads: 8 keys)
             key0 = (ptid & 7) + 8 * (ptid // (8 * NIR))
             s0 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
@@ -917,24 +896,24 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                   cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
                   cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
             if ntiles > 0:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS, pl)
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS)
             if NF == 3 and ntiles > 1:
                 ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + CHB, ke, key0, c, s1,
-                         KS, pl)
+                         KS)
             for tn in range((ntiles + NF - 1) // NF):  # the slots in turn (unrolled by hand: registers)
                 t = NF * tn
                 if NF == 2:
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
-                            VS, ksr, vsr, kval, key0, c, s1, s0, pl, True)
+                            VS, ksr, vsr, kval, key0, c, s1, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
-                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, pl, False)
+                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
                 else:
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
-                            VS, ksr, vsr, kval, key0, c, s2, s0, pl, True)
+                            VS, ksr, vsr, kval, key0, c, s2, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
-                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, pl, False)
+                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
-                            KS, VS, ksr, vsr, kval, key0, c, s1, s2, pl, False)
+                            KS, VS, ksr, vsr, kval, key0, c, s1, s2, False)
             return
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
@@ -1076,7 +1055,7 @@ _PREFILL: dict = {}
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
                        pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                       wide_loads: bool = False, producers: int = 1, depth: int = 2):
+                       wide_loads: bool = False, depth: int = 2):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1091,23 +1070,22 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     ws = bool(ws)
     q_regs = bool(q_regs) and ws
     wide_loads = bool(wide_loads) and ws
-    producers = int(producers) if ws else 1
     depth = int(depth) if ws else 2
     if ws and max_registers is None:  # one block an SM: 65536 / its threads, a multiple of 8
-        max_registers = 65536 // prefill_threads(warps, ws, producers) // 8 * 8
+        max_registers = 65536 // prefill_threads(warps, ws) // 8 * 8
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead, ws, q_regs, wide_loads, producers, depth)
+           pv_async, s_ahead, ws, q_regs, wide_loads, depth)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead, ws, q_regs, wide_loads, producers, depth)
+                                          pv_async, s_ahead, ws, q_regs, wide_loads, depth)
     return _PREFILL[key]
 
 
-def prefill_threads(warps: int, ws: bool = False, producers: int = 1) -> int:
-    """Threads of a prefill block: `warps` computing warps, and ws's producer warpgroups."""
-    return 32 * warps + (128 * producers if ws else 0)
+def prefill_threads(warps: int, ws: bool = False) -> int:
+    """Threads of a prefill block: `warps` computing warps, and ws's producer warpgroup."""
+    return 32 * warps + (128 if ws else 0)
 
 
 def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
@@ -1189,8 +1167,6 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
               prefill_sig(ISO3, NVFP4, True)),
-             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, producers=2,
-                                 **wg8a), prefill_sig(NVFP4, ISO3, True)),
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
               prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
