@@ -5,8 +5,9 @@
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && \
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1; bash bench/h200_run.sh <commit> [parts] [seconds]
 # parts, comma-separated (default tests,decode,codecs,generate):
-#   tests     the whole gpu suite, -n 8 (~290-430 s: 365 at 29ea3c3, over 420 at 835aea4 with the decode
-#             bench compiling beside it, so its timeout is 470)
+#   tests     the whole gpu suite, -n 12 (~290-430 s at -n 8 until session 35; at ca58163, 200 tests, -n 8
+#             reached 73% in 470 s, so 12 workers on the device's 16 cores and a timeout of 520; run it
+#             alone in a call)
 #   backend   only the CUDA backend's, the sampling kernel's and the kernel cache's gpu tests (when only
 #             the runtime changed)
 #   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
@@ -48,7 +49,7 @@ TESTS=""
 has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py tests/test_jit_cache.py"
 has tests && TESTS=tests/
 if [ -n "$TESTS" ]; then
-  timeout $(( $(left) < 470 ? $(left) : 470 )) python3 -m pytest -m gpu -n 8 -v -p no:cacheprovider $TESTS \
+  timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider $TESTS \
     > "$OUT/gpu_pytest_$C.log" 2>&1 &  # -v: a timeout cutting a -q run loses the failing names
   W=$!
 fi
