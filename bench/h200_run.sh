@@ -21,7 +21,8 @@
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
-#   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps (~20 s)
+#   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps, and HF's prefill beside it, each
+#             split into attention and the rest (~40 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
 #   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
 #             and the split merge alone (nvfp4, int8, bf16 at 4096 / 32768 / 131072; ~40 s)
@@ -97,7 +98,7 @@ has startup && [ $(left) -gt 90 ] && timeout $(left) python3 bench/startup.py --
   --out "$OUT/startup.json" > "$OUT/startup.log" 2>&1
 save
 has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
-  --table nvfp4 --decode 64 --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
+  --table nvfp4 --decode 64 --hf --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 save
 V=$(ls bench/variants/layers_*.py 2>/dev/null | head -1)
 has layers && [ $(left) -gt 60 ] && timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/layers.py --commit "$C" \
@@ -125,7 +126,7 @@ grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" "$OUT/prefill_wide.log" 2>/dev/null
 grep '^{' "$OUT/generate_wide.log" 2>/dev/null | cut -c1-300
-python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms')}); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
+python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
 grep -E '^(floor|\{)' "$OUT/breakdown.log" 2>/dev/null | cut -c1-240
 save

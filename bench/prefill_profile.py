@@ -12,6 +12,11 @@ chunks, graph capture and instantiation, the logits copy), and where that idle t
 the host functions with the most own time (what an eager chunk's ~90 launches cost in Python).
 --decode N adds N greedy decode steps after a prompt (graph replays, as `generate` runs them): wall
 and GPU-busy ms per token and the kernels by GPU time per token.
+Both sides' GPU time is split into attention (kernel names with one of ATTENTION_KEYS: our
+attention modules, torch's flash / memory-efficient / cuDNN SDPA kernels) and the rest. --hf adds
+the same profile of HF transformers' prefill as bench/generate.py times it (bf16, sdpa attention,
+one forward of the prompt with logits_to_keep=1), so the gap to HF can be placed: in attention or
+in the per-token kernels and GEMMs.
 """
 from __future__ import annotations
 
@@ -60,6 +65,48 @@ def kernel_times(prof, n_top: int) -> tuple[list, float, int]:
     return [{"name": n[:120], "ms": round(ms, 3), "calls": c} for n, (ms, c) in top], merged / 1e3, len(busy)
 
 
+ATTENTION_KEYS = ("numba_kernels::attention", "flash", "fmha", "sdpa", "attention")
+
+
+def attention_split(prof) -> dict:
+    """GPU ms of a torch.profiler run's attention kernels (a name with one of ATTENTION_KEYS) and
+    of every other kernel, summed over calls (overlapping kernels count twice, as in `top`)."""
+    every, _, _ = kernel_times(prof, 1 << 30)
+    att = sum(k["ms"] for k in every if any(s in k["name"].lower() for s in ATTENTION_KEYS))
+    return {"attention_ms": round(att, 3), "other_ms": round(sum(k["ms"] for k in every) - att, 3),
+            "attention_kernels": sorted({k["name"][:80] for k in every
+                                         if any(s in k["name"].lower() for s in ATTENTION_KEYS)})}
+
+
+def hf_profile(model, ids, n_top: int) -> dict:
+    """HF transformers' prefill of ids (bench/generate.py's: bf16, sdpa, one forward with
+    logits_to_keep=1): wall ms (median of 3 after a warm-up), GPU-busy ms, the top kernels and
+    the attention split, from one run under torch.profiler."""
+    import torch
+    import transformers
+    from torch.profiler import ProfilerActivity, profile
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16,
+                                                           attn_implementation="sdpa").cuda().eval()
+    x = torch.tensor([ids.tolist()], device="cuda")
+    walls = []
+    with torch.no_grad():
+        for i in range(4):  # the first warms up (allocator growth, kernel choice)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            hf(x, use_cache=True, logits_to_keep=1)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            hf(x, use_cache=True, logits_to_keep=1)
+            torch.cuda.synchronize()
+    top, busy_ms, n_kernels = kernel_times(prof, n_top)
+    del hf
+    torch.cuda.empty_cache()
+    return {"wall_ms": round(1e3 * float(np.median(walls[1:])), 2), "gpu_busy_ms": round(busy_ms, 2),
+            "kernels": n_kernels, "top": top, **attention_split(prof)}
+
+
 def gpu_gaps(prof, host_range: str, n_top: int = 8) -> dict | None:
     """Where the GPU waited during the torch.profiler record_function range `host_range`: ms from the
     range's start to the first GPU operation (kernel, copy or memset), between consecutive
@@ -91,6 +138,8 @@ def main() -> None:
     ap.add_argument("--table", default="bf16")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--host", action="store_true", help="also profile one run's host time (cProfile)")
+    ap.add_argument("--hf", action="store_true", help="also profile HF transformers' prefill of the same prompt "
+                    "(its attention against the rest, beside ours)")
     ap.add_argument("--decode", type=int, default=0, help="also profile this many decode steps after the prompt "
                     "(per token: wall, GPU-busy and the kernels)")
     ap.add_argument("--commit")
@@ -122,8 +171,10 @@ def main() -> None:
     out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
            "commit": git_commit(a.commit), "versions": versions(), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
-           "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top,
+           "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top, **attention_split(prof),
            "gpu_idle": gpu_gaps(prof, "coldkv.prefill")}
+    if a.hf:
+        out["hf"] = hf_profile(model, ids, a.top)
     if a.decode:  # decode steps after the prompt: graph replays, as generate runs them
         from coldkv.runtime.sampling import Sampler, SamplingParams
 
