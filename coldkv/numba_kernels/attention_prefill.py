@@ -827,6 +827,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         bar_arrive(1 + b, TH_ALL)
 
     @cuda.jit(device=True, inline=True)
+    def ws_slot():
+        """A producer thread's registers for one tile's loads in flight (ws_fetch fills them, ws_put
+        decodes them): K and V rows, ok flags, code (and scale) words, int8 row scales."""
+        return (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
+                cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
+                cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
+
+    @cuda.jit(device=True, inline=True)
     def ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS, VS, ksr,
                 vsr, kval, key0, c, ahead, slot, lead):
         """WS producer: the loads of tile t + NF - 1 into slot `ahead`, then tile t from `slot` (lead:
@@ -881,20 +889,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             fence_proxy_async()
         cuda.syncthreads()
 
-        if not consumer:  # ---- the producer warpgroup: every tile, two in flight
+        if not consumer:  # ---- the producer warpgroup: every tile, NF in flight
             regs_give()
             ptid = tid - 32 * W
             c = IC * ((ptid >> 3) % NIR)  # the item's first chunk (8 consecutive threads: 8 keys)
             key0 = (ptid & 7) + 8 * (ptid // (8 * NIR))
-            s0 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
-                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
-                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
-            s1 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
-                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
-                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
-            s2 = (cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int64), cuda.local.array(NIT, np.int32),
-                  cuda.local.array((NIT, CW), np.uint32), cuda.local.array((NIT, CW), np.uint32),
-                  cuda.local.array(NIT, np.float32), cuda.local.array(NIT, np.float32))
+            s0 = ws_slot()
+            s1 = ws_slot()
+            s2 = ws_slot()
             if ntiles > 0:
                 ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS)
             if NF == 3 and ntiles > 1:
