@@ -16,8 +16,9 @@
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s, wg8w; ~60 s)
 #   wide      wg8w (16-byte loads of 4-bit codes since session 36) against wg8w3 (a third tile of loads in
-#             flight) and wg8wn (4-byte loads) at T 2048, two rounds, then generate at 32k with wg8w and
-#             wg8w3 (~250 s after the tests)
+#             flight) and wg8wn (4-byte loads) at T 2048, two rounds; int8 pages: wg8a (auto's) against
+#             wg8w (16-byte loads of int8 codes since session 36) and wg8wn; then generate at 32k with
+#             wg8w and wg8w3 (~330 s after the tests: give it 420)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -84,6 +85,10 @@ if has wide; then
       --out "$OUT/attention_prefill_wide_$r.json" >> "$OUT/prefill_wide.log" 2>&1
     save
   done
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths wg8a wg8w wg8wn --formats int8 --repeats 5 \
+    --out "$OUT/attention_prefill_wide_int8.json" >> "$OUT/prefill_wide.log" 2>&1
+  save
 fi
 wait
 save

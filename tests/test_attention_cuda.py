@@ -269,7 +269,10 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),  # int8 scales of both planes
+    # int8 scales of both planes, 16-byte loads of int8 codes (2 chunks an item; wg8wn: 1)
+    pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),
+    pytest.param("mma_wg8wn", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
+    pytest.param("mma_wg8w", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
     # the 2nd warpgroup past the chunk; 2 items a row at d 64
     pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
     pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])
@@ -844,6 +847,7 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
+                                                   ("int8", "int8", 2, 128, 700, 6000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
                                                    ("iso3", "nvfp4", 2, 128, 100, 5000, 32)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):

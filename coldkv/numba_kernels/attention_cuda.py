@@ -749,7 +749,8 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8pp": {**_WG, "mma_pingpong": True},
     "wg8a": {**_WG, "mma_pv_async": True},
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
-    # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww, auto's since 36)
+    # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww, auto's since 36;
+    # of int8 codes too since session 36, where auto takes wg8a: not yet timed)
     "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
     "wg8wn": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},  # 4 bytes at a time
     "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},  # and Q in shared memory
@@ -918,8 +919,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     S of the next tile issued before this tile's softmax) (both None: auto's choice when the kernel
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
     warpgroup decodes the tiles, attention_prefill's attn_ws) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
-    Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and 4-bit K and V,
-    the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
+    Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and K and V both
+    4-bit or both int8, the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
     producer a third tile of loads in flight): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit

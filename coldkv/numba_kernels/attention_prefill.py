@@ -100,8 +100,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
     tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
-    shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, 4-bit K
-    and V): the producer loads 16 bytes of codes a row at a time (4 chunks an item). depth (ws): tiles
+    shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
+    both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
+    item, or 2 of int8). depth (ws): tiles
     whose loads a producer thread has in flight (2, or 3: one more slot of registers)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
@@ -129,11 +130,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     TH_ALL = 32 * W + (128 if WS else 0)  # the block
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
     # chunks an item: the WS producer of 4-bit planes loads 16 bytes of codes (4 chunks) a row at a
-    # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight
-    IC = 4 if WS and K4 and V4 and wide_loads else 1
+    # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight; of int8
+    # planes, 2 chunks (their row scales are one a key)
+    I8 = kf == INT8 and vf == INT8
+    IC = (4 if K4 and V4 else 2 if I8 else 1) if WS and wide_loads else 1
     NIT = CHB * NC // (TH * IC)  # load items (key, IC chunks) per thread per plane and tile
     KPI = TH * IC // NC  # key stride between a thread's items
-    CW = IC + 1  # registers an item: its code words, then (4-bit) the scale word
+    CW = 2 * IC if I8 else IC + 1  # registers an item: its code words (int8: 2 a chunk), then (4-bit) the scale word
     NIR = NC // IC  # items a row
     NF = depth  # WS producer: tiles of loads in flight
     BUFW = CHB * RS
@@ -223,6 +226,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 if copy:
                     cp_async16_zfill(sarr, base + soff(key, c), words, IX(rr * RW + 4 * c),
                                16 if ok else 0)
+                elif fmt == INT8 and IC == 2:  # (c is even: 16-byte aligned)
+                    x0, x1, x2, x3 = ldg4(words, IX(rr * RW + 2 * c))
+                    creg[j, 0] = x0 if ok else u32(0)
+                    creg[j, 1] = x1 if ok else u32(0)
+                    creg[j, 2] = x2 if ok else u32(0)
+                    creg[j, 3] = x3 if ok else u32(0)
+                    sc = scales[IX(rr)]
+                    crs[j] = sc if ok else f32(0.0)
                 elif fmt == INT8:
                     x0 = words[IX(rr * RW + 2 * c)]
                     x1 = words[IX(rr * RW + 2 * c + 1)]
@@ -250,7 +261,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             if not copy:
                 for j in range(NIT):
                     key = key0 + KPI * j
-                    if fmt == INT8:
+                    if fmt == INT8 and IC == 2:
+                        for i in range(IC):
+                            x0 = creg[j, 2 * i] ^ u32(0x80808080)
+                            x1 = creg[j, 2 * i + 1] ^ u32(0x80808080)
+                            sts4(sarr, base + soff(key, c + i), dec_i8(x0, 0x5140), dec_i8(x0, 0x7362),
+                                 dec_i8(x1, 0x5140), dec_i8(x1, 0x7362))
+                    elif fmt == INT8:
                         x0 = creg[j, 0] ^ u32(0x80808080)
                         x1 = creg[j, 1] ^ u32(0x80808080)
                         sts4(sarr, base + soff(key, c), dec_i8(x0, 0x5140), dec_i8(x0, 0x7362),
@@ -1172,7 +1189,9 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
               prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
-                                 **wg8a), prefill_sig(ISO3, ISO3, True))]
+                                 **wg8a), prefill_sig(ISO3, ISO3, True)),
+             (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
+              prefill_sig(INT8, INT8, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
 
