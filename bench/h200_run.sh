@@ -8,6 +8,8 @@
 #   tests     the whole gpu suite, -n 12 (~290-430 s at -n 8 until session 35; at ca58163, 200 tests, -n 8
 #             reached 73% in 470 s, so 12 workers on the device's 16 cores and a timeout of 520; run it
 #             alone in a call)
+#   tests1 / tests2  the gpu suite in two calls: the attention kernels' tests / the rest (if the whole
+#             suite still runs past 520 s)
 #   backend   only the CUDA backend's, the sampling kernel's and the kernel cache's gpu tests (when only
 #             the runtime changed)
 #   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
@@ -49,6 +51,8 @@ save() {
 W=0  # the process the next bench waits for before timing
 TESTS=""
 has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py tests/test_jit_cache.py"
+has tests1 && TESTS=tests/test_attention_cuda.py
+has tests2 && TESTS=$(ls tests/test_*.py | grep -v test_attention_cuda.py | tr '\n' ' ')
 has tests && TESTS=tests/
 if [ -n "$TESTS" ]; then
   timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider $TESTS \
