@@ -61,7 +61,7 @@ PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          "fa8@r128": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8, "max_registers": 128},
          # the same on Hopper warpgroup MMAs (sm_90a): one or two warpgroups a block
          # (the backend's names: every knob given, as one left out takes auto's value)
-         **{k: {"kernel": "mma", **A.PREFILL_KERNELS[k]} for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss", "wg8w3")}}
+         **{k: {"kernel": "mma", **kw} for k, kw in A.PREFILL_KERNELS.items() if k != "fa"}}
 SHAPES = [(4, 2, 128), (32, 8, 128)]
 CONTEXTS = [4096, 32768, 131072]
 T_CHUNK = 512

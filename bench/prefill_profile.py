@@ -72,10 +72,10 @@ def attention_split(prof) -> dict:
     """GPU ms of a torch.profiler run's attention kernels (a name with one of ATTENTION_KEYS) and
     of every other kernel, summed over calls (overlapping kernels count twice, as in `top`)."""
     every, _, _ = kernel_times(prof, 1 << 30)
-    att = sum(k["ms"] for k in every if any(s in k["name"].lower() for s in ATTENTION_KEYS))
-    return {"attention_ms": round(att, 3), "other_ms": round(sum(k["ms"] for k in every) - att, 3),
-            "attention_kernels": sorted({k["name"][:80] for k in every
-                                         if any(s in k["name"].lower() for s in ATTENTION_KEYS)})}
+    att = [k for k in every if any(s in k["name"].lower() for s in ATTENTION_KEYS)]
+    att_ms = sum(k["ms"] for k in att)
+    return {"attention_ms": round(att_ms, 3), "other_ms": round(sum(k["ms"] for k in every) - att_ms, 3),
+            "attention_kernels": sorted({k["name"][:80] for k in att})}
 
 
 def hf_profile(model, ids, n_top: int) -> dict:

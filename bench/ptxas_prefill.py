@@ -90,7 +90,7 @@ def main() -> None:
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
                                          s_ahead=kw["mma_s_ahead"], ws=kw["mma_ws"], q_regs=kw["mma_q_regs"],
                                          wide_loads=kw["mma_wide_loads"], depth=kw["mma_depth"])
-            cap = 65536 // AP.prefill_threads(8, True) // 8 * 8 if kw["mma_ws"] else 0
+            cap = kern.targetoptions.get("max_registers") or 0  # the kernel's own cap (ws: one block an SM)
             info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a",
                                   cap)
             counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}" if sass else ""

@@ -104,8 +104,7 @@ def _kernel_kw(kernel):
             "mma_fa": {"kernel": "mma", "mma_prefill": "fa"},
             "mma_fa8": {"kernel": "mma", "mma_prefill": "fa", "mma_warps": 8},
             # the same on Hopper warpgroup MMAs (sm_90a; emulated under the simulator)
-            **{"mma_" + k: {"kernel": "mma", **A.PREFILL_KERNELS[k]}
-               for k in ("wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss", "wg8w3")},
+            **{"mma_" + k: {"kernel": "mma", **kw} for k, kw in A.PREFILL_KERNELS.items() if k != "fa"},
             "mma_t4": {"kernel": "mma", "mma_tiles": 4},
             "mma_pipe": {"kernel": "mma", "mma_pipe": True},
             "mma_k8off": {"kernel": "mma", "mma_k8": False},

@@ -102,8 +102,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
     both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
-    item, or 2 of int8). depth (ws): tiles
-    whose loads a producer thread has in flight (2, or 3: one more slot of registers)."""
+    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2, or 3:
+    one more slot of registers)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -226,14 +226,18 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 if copy:
                     cp_async16_zfill(sarr, base + soff(key, c), words, IX(rr * RW + 4 * c),
                                16 if ok else 0)
-                elif fmt == INT8 and IC == 2:  # (c is even: 16-byte aligned)
-                    x0, x1, x2, x3 = ldg4(words, IX(rr * RW + 2 * c))
+                elif IC > 1:  # 16 bytes: int8 chunks c, c + 1 (c even), 4-bit c .. c + 3 (c a multiple of 4)
+                    x0, x1, x2, x3 = ldg4(words, IX(rr * RW + (2 * c if fmt == INT8 else c)))
                     creg[j, 0] = x0 if ok else u32(0)
                     creg[j, 1] = x1 if ok else u32(0)
                     creg[j, 2] = x2 if ok else u32(0)
                     creg[j, 3] = x3 if ok else u32(0)
-                    sc = scales[IX(rr)]
-                    crs[j] = sc if ok else f32(0.0)
+                    if fmt == INT8:  # the key's row scale
+                        sc = scales[IX(rr)]
+                        crs[j] = sc if ok else f32(0.0)
+                    else:  # the scale word the 4 chunks share
+                        sw = scales[IX(rr * SW + (c >> 3))]
+                        creg[j, 4] = sw if ok else u32(0)
                 elif fmt == INT8:
                     x0 = words[IX(rr * RW + 2 * c)]
                     x1 = words[IX(rr * RW + 2 * c + 1)]
@@ -241,14 +245,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     creg[j, 1] = x1 if ok else u32(0)
                     sc = scales[IX(rr)]
                     crs[j] = sc if ok else f32(0.0)
-                elif IC == 4:  # (chunks c .. c + 3 share their scale word: c is a multiple of 4)
-                    x0, x1, x2, x3 = ldg4(words, IX(rr * RW + c))
-                    sc = scales[IX(rr * SW + (c >> 3))]
-                    creg[j, 0] = x0 if ok else u32(0)
-                    creg[j, 1] = x1 if ok else u32(0)
-                    creg[j, 2] = x2 if ok else u32(0)
-                    creg[j, 3] = x3 if ok else u32(0)
-                    creg[j, 4] = sc if ok else u32(0)
                 else:
                     x0 = words[IX(rr * RW + c)]
                     x1 = scales[IX(rr * SW + (c >> 3))]

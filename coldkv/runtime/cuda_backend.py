@@ -115,7 +115,7 @@ class CUDABackend:
                  pipelined_decode: bool = True):
         """graphs: replay captured passes; pipelined_decode: run decode_steps one step ahead of the
         host; prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
-        "auto", "fa", "wg", "wg8", "wg8pp", "wg8a", "wg8s", "wg8w", "wg8wn", "wg8wss"); prefill_chunk: tokens of a prefill
+        "auto" or a name of PREFILL_KERNELS); prefill_chunk: tokens of a prefill
         pass, a multiple of PAD_QUANTUM (None: prefill_chunk_tokens). All but the defaults are
         for benchmarks' A/Bs."""
         from coldkv.runtime.loader import checkpoint_dtype, load_args, load_weights
