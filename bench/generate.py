@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from benchutil import git_commit, prompt_ids, versions  # noqa: E402
 
 import coldkv  # noqa: E402
+from coldkv.numba_kernels.attention_cuda import PREFILL_KERNELS  # noqa: E402
 from coldkv.runtime.cuda_backend import CUDABackend  # noqa: E402
 from coldkv.runtime.engine import generate  # noqa: E402
 from coldkv.runtime.kv_table import resolve_table  # noqa: E402
@@ -127,7 +128,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prefill-attention", default="auto",
-                    help="prefill kernels to time: auto (attention_cuda.prefill_kernel), fa, wg, wg8, wg8pp, wg8a, wg8s, wg8w, each with "
+                    help=f"prefill kernels to time: auto (attention_cuda.prefill_kernel), {', '.join(PREFILL_KERNELS)}, each with "
                     "an optional @N (prefill chunks of N tokens, a multiple of 1024, e.g. auto@16384); each "
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--no-launch-ab", dest="launch_ab", action="store_false",

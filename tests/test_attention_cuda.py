@@ -626,10 +626,11 @@ def test_prefill_chunk_tokens():
     assert prefill_chunk_tokens(wide, 132) == 2048  # 4096 tokens of buffers would pass 1 GiB
 
 
-def test_prefill_kernel_names():
+def test_prefill_kernel_names(monkeypatch):
     """The CUDA backend's prefill_attention names: paged_attention_cuda's keywords, every knob
-    given; "auto" is _prefill_auto's choice (fa here: wgmma needs an sm_90 GPU; wg8a or wg8s on
-    the H200 by format); an unknown name is an error."""
+    given; "auto" is _prefill_auto's choice (fa without an sm_90 GPU or above head_dim 128; on
+    one, by format: wg8w3 for 4-bit K and V, wg8w for int8 K and V, else wg8a); an unknown name
+    is an error."""
     off = {"mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False, "mma_ws": False, "mma_q_regs": False,
            "mma_wide_loads": False, "mma_depth": 2}
     assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
@@ -647,9 +648,12 @@ def test_prefill_kernel_names():
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     nv, b = Q.NVFP4, Q.BF16
     assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
-    if A._has_wgmma():  # H200: S ahead pays where both planes are decoded in the block
-        assert A._prefill_auto(128, nv, nv) == "wg8w" and A._prefill_auto(128, b, nv) == "wg8a"
     assert A.prefill_kernel("auto", 256)["mma_prefill"] == "fa"
+    monkeypatch.setattr(A, "_has_wgmma", lambda: True)  # the choice on an sm_90 GPU
+    i8, iso = Q.INT8, Q.ISO3
+    assert [A._prefill_auto(128, k, v) for k, v in [(nv, nv), (nv, iso), (i8, i8), (b, nv), (i8, nv), (b, b)]] == \
+        ["wg8w3", "wg8w3", "wg8w", "wg8a", "wg8a", "wg8a"]
+    assert A._prefill_auto(256, nv, nv) == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)
 

@@ -737,8 +737,8 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # issued before this tile's softmax (session 16). "wg8w": a producer warpgroup decodes the tiles, two
 # consumer warpgroups multiply (session 33), run each softmax under their last O += P V (session
 # 34), keep Q in registers (session 35; "wg8wss" reads it from shared memory, as before) and, with
-# 4-bit K and V, load 16 bytes of codes a row at a time (session 36; "wg8wn" loads 4, as before).
-# auto picks one of them per format (_prefill_auto).
+# 4-bit K and V, load 16 bytes of codes a row at a time (session 36; "wg8wn" loads 4, as before);
+# "wg8w3" keeps three tiles of loads in flight. auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
        "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2}
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
@@ -749,12 +749,13 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8pp": {**_WG, "mma_pingpong": True},
     "wg8a": {**_WG, "mma_pv_async": True},
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
-    # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww, auto's since 36;
-    # of int8 codes too since session 36, where auto takes wg8a: not yet timed)
+    # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww); of int8 codes
+    # too since session 36 (auto's for int8 K and V since session 37)
     "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
     "wg8wn": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},  # 4 bytes at a time
     "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},  # and Q in shared memory
-    # wg8w with a third tile of loads in flight in the producer (session 36; gpu tests passed, not timed)
+    # wg8w with a third tile of loads in flight in the producer (session 36; auto's for 4-bit K and V
+    # since session 37)
     "wg8w3": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_depth": 3},
 }
@@ -771,8 +772,12 @@ def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     prefill_wg8wr_h100_87e5c14_{a,b}.json, generate_32k_wg8wr_h100_87e5c14.json; with 16-byte loads
     since session 36, H100 at b30c735 (as "wg8ww"): 480 / 475 against 491 / 488 us at 4/2/128,
     2618 / 2626 against 2722 / 2713 at 32/8/128, generate at 32k 0.928x HF against 0.918x:
-    prefill_wide_h100_b30c735_{a,b}.json, generate_32k_wide_h100_b30c735.json), else "wg8a"
-    (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
+    prefill_wide_h100_b30c735_{a,b}.json, generate_32k_wide_h100_b30c735.json; "wg8w3", a third
+    tile of loads in flight, since session 37, H100 at 9bcd343: 472 / 468 against 480 / 476 us at
+    4/2/128, 2492 / 2490 against 2620 / 2622 at 32/8/128: prefill_wide_h100_9bcd343_{a,b}.json);
+    "wg8w" when both are int8 (16-byte loads of int8 codes; H100 at 9bcd343: 606 against wg8a's
+    714 us at 4/2/128, 3430 against 4185 at 32/8/128: prefill_wide_int8_h100_9bcd343.json); else
+    "wg8a" (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
     keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
     671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f
     (prefill_wg8s_6b89c1f.json) bf16 668 / 728, 4205 / 4284, nvfp4 595 / 570, 3738 / 3555. End to end
@@ -782,7 +787,9 @@ def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
     if D > 128 or not _has_wgmma():
         return "fa"
-    return "wg8w" if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3) else "wg8a"
+    if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3):
+        return "wg8w3"
+    return "wg8w" if kf == vf == INT8 else "wg8a"
 
 
 def prefill_kernel(name: str, D: int, kf=None, vf=None) -> dict:
