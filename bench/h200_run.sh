@@ -26,6 +26,8 @@
 #             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps, and HF's prefill beside it, each
 #             split into attention and the rest (~40 s)
+#   chunks    the prefill chunk: generate at 32k, nvfp4, 8192-token passes (the bundled model's
+#             default) against 16384 and 32768, and a profile at 32768 (~120 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
 #   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
 #             and the split merge alone (nvfp4, int8, bf16 at 4096 / 32768 / 131072; ~40 s)
@@ -106,6 +108,13 @@ has startup && [ $(left) -gt 90 ] && timeout $(left) python3 bench/startup.py --
 save
 has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
   --table nvfp4 --decode 64 --hf --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
+save
+has chunks && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --prompts 32768 \
+  --tables nvfp4 --prefill-attention auto,auto@16384,auto@32768 --repeats 3 --no-launch-ab \
+  --out "$OUT/generate_32k_chunks.json" > "$OUT/generate_chunks.log" 2>&1
+save
+has chunks && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
+  --table nvfp4 --chunk 32768 --out "$OUT/prefill_profile_chunk32768.json" > "$OUT/prefill_profile_chunk.log" 2>&1
 save
 V=$(ls bench/variants/layers_*.py 2>/dev/null | head -1)
 has layers && [ $(left) -gt 60 ] && timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/layers.py --commit "$C" \

@@ -147,6 +147,8 @@ def main() -> None:
                     "(its attention against the rest, beside ours)")
     ap.add_argument("--decode", type=int, default=0, help="also profile this many decode steps after the prompt "
                     "(per token: wall, GPU-busy and the kernels)")
+    ap.add_argument("--chunk", type=int, help="tokens a prefill pass (a multiple of 1024; default: the "
+                    "backend's, prefill_chunk_tokens)")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "prefill_profile.json")
     a = ap.parse_args()
@@ -154,7 +156,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     model = coldkv.DEFAULT_MODEL
-    backend = CUDABackend(model)
+    backend = CUDABackend(model, prefill_chunk=a.chunk)
     table = resolve_table(a.table, backend.args.num_hidden_layers)
     ids = np.array(prompt_ids(Tokenizer.from_dir(model), a.prompt), np.int64)
 
@@ -175,6 +177,7 @@ def main() -> None:
     top, busy_ms, n_kernels = kernel_times(prof, a.top)
     out = {"command": "python " + " ".join(sys.argv), "device": torch.cuda.get_device_name(),
            "commit": git_commit(a.commit), "versions": versions(), "model": model.name, "prompt_tokens": a.prompt, "kv_table": a.table,
+           "chunk_tokens": backend.max_chunk,
            "wall_ms": round(1e3 * wall_plain, 2), "wall_profiled_ms": round(1e3 * wall, 2),
            "gpu_busy_ms": round(busy_ms, 2), "kernels": n_kernels, "top": top, **attention_split(prof),
            "gpu_idle": gpu_gaps(prof, HOST_RANGE)}
