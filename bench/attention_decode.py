@@ -46,7 +46,7 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import clocks_under_load, git_commit, versions  # noqa: E402
+from benchutil import clocks_under_load, compile_in_workers, git_commit, versions  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import attention_mma as M  # noqa: E402
@@ -361,6 +361,17 @@ def validate_only(torch, args):
     return 1 if bad else 0
 
 
+def compile_case(name: str, Hq: int, H: int, D: int) -> None:
+    """Compile the kernels of one (format or variant, shape): a 200-token case run once, and its
+    device-position kernel (the graph rows')."""
+    import torch
+
+    c = Case(torch, name, 200, Hq, H, D)
+    c.run()
+    c.graph()[2]()
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
@@ -374,6 +385,8 @@ def main():
     ap.add_argument("--commit", default=None)
     ap.add_argument("--wait-pid", type=int, default=0, help="compile, then wait for this process before timing")
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 8/2/64")
+    ap.add_argument("--jobs", type=int, default=1, help="compile the kernels in this many processes first "
+                    "(benchutil.compile_in_workers)")
     ap.add_argument("--sim", action="store_true", help="validate only, under NUMBA_ENABLE_CUDASIM=1 (CPU torch)")
     args = ap.parse_args()
     import torch
@@ -394,15 +407,14 @@ def main():
     # compile every kernel first (can overlap with the gpu tests), then time on a quiet GPU
     t0 = time.perf_counter()
     shapes = parse_shapes(args)
-    for Hq, H, D in shapes:
-        for name in args.formats + (DEFAULT_VARIANTS if (Hq, H, D) == shapes[0] and args.variant_contexts else []):
-            try:
-                c = Case(torch, name, 200, Hq, H, D)
-                c.run()
-                c.graph()[2]()  # the device-position kernel of the graph rows
-                torch.cuda.synchronize()
-            except Exception as exc:
-                doc["errors"].append(f"compile {name} {Hq}/{H}/{D}: {exc!r}")
+    jobs = [(name, Hq, H, D) for Hq, H, D in shapes
+            for name in args.formats + (DEFAULT_VARIANTS if (Hq, H, D) == shapes[0] and args.variant_contexts else [])]
+    doc["errors"] += compile_in_workers(compile_case, jobs, args.jobs)
+    for job in jobs:  # the workers' kernels load from the disk cache
+        try:
+            compile_case(*job)
+        except Exception as exc:
+            doc["errors"].append(f"compile {job}: {exc!r}")
     doc["compile_s"] = time.perf_counter() - t0
     print(f"compiled in {doc['compile_s']:.1f}s", flush=True)
     if args.wait_pid:

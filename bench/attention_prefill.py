@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchutil import versions  # noqa: E402
 from attention_decode import P, event_time, make_plane, torch_dequant  # noqa: E402
-from benchutil import git_commit  # noqa: E402
+from benchutil import compile_in_workers, git_commit  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
@@ -159,6 +159,15 @@ def check_sdpa_mask(torch):
     return mode, bool((fn() - ref).abs().max() < 2e-2)
 
 
+def compile_case(fmt: str, path: str, Hq: int, H: int, D: int, T: int) -> None:
+    """Compile the kernel of one (format, path, shape): a small case run once (the kernels take
+    T and L at run time, so a short cache compiles the same code)."""
+    import torch
+
+    PrefillCase(torch, fmt, max(1024, T), Hq, H, D, T).run(PATHS[path])
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
@@ -170,6 +179,8 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention_prefill.json"))
     ap.add_argument("--commit", default=None)
     ap.add_argument("--wait-pid", type=int, default=0, help="compile, then wait for this process before timing")
+    ap.add_argument("--jobs", type=int, default=1, help="compile the kernels in this many processes first "
+                    "(benchutil.compile_in_workers)")
     args = ap.parse_args()
     import torch
 
@@ -183,14 +194,13 @@ def main():
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
     t0 = time.perf_counter()  # compile every kernel (may overlap the gpu tests), then time
-    for Hq, H, D in shapes:
-        for fmt in args.formats:
-            for path in args.paths:
-                try:
-                    PrefillCase(torch, fmt, 1024, Hq, H, D, args.T).run(PATHS[path])
-                    torch.cuda.synchronize()
-                except Exception as exc:
-                    doc["errors"].append(f"compile {fmt} {path} {Hq}/{H}/{D}: {exc!r}")
+    jobs = [(fmt, path, Hq, H, D, args.T) for Hq, H, D in shapes for fmt in args.formats for path in args.paths]
+    doc["errors"] += compile_in_workers(compile_case, jobs, args.jobs)
+    for job in jobs:  # the workers' kernels load from the disk cache
+        try:
+            compile_case(*job)
+        except Exception as exc:
+            doc["errors"].append(f"compile {job}: {exc!r}")
     doc["compile_s"] = time.perf_counter() - t0
     print(f"compiled in {doc['compile_s']:.1f}s", flush=True)
     if args.wait_pid:

@@ -66,6 +66,30 @@ def lead_timed(launch, repeats: int) -> tuple[float, list[float], float]:
     return float(np.median(times)), times, float(np.median(host))
 
 
+def compile_in_workers(fn, jobs: list[tuple], workers: int) -> list[str]:
+    """Run fn(*job) for every job in up to `workers` spawned processes; -> their errors, a line
+    each. A process compiles one kernel at a time (~30 s for a wgmma prefill kernel: session 37's
+    two prefill benches spent 183 and 128 s of a 430 s device call compiling one after another),
+    and every process shares the disk cache of compiled kernels (numba_kernels/jit_cache), so a
+    driver that first runs its compile cases here then loads them in its own loop. fn: a
+    module-level function of the driver (spawned processes import it by name). workers <= 1 or
+    a single job: nothing runs here."""
+    if workers <= 1 or len(jobs) <= 1:
+        return []
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+        return [e for e in pool.starmap(_run_job, [(fn, job) for job in jobs]) if e]
+
+
+def _run_job(fn, job: tuple) -> str:
+    try:
+        fn(*job)
+        return ""
+    except Exception as exc:  # reported by the caller, which compiles the case again itself
+        return f"{fn.__name__}{job}: {exc!r}"
+
+
 def prompt_ids(tok, n: int) -> list[int]:
     """n token ids: the examples' texts, tokenized and repeated to the length."""
     text = "\n\n".join(p.read_text() for p in sorted((ROOT / "examples").glob("*.txt")))

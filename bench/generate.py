@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import git_commit, prompt_ids, versions  # noqa: E402
+from benchutil import compile_in_workers, git_commit, prompt_ids, versions  # noqa: E402
 
 import coldkv  # noqa: E402
 from coldkv.numba_kernels.attention_cuda import PREFILL_KERNELS  # noqa: E402
@@ -77,6 +77,17 @@ def time_coldkv(backend, tok, ids, table, new):
     if r.decode_steps != new - 1:
         raise RuntimeError(f"coldkv stopped early ({r.finish_reason})")
     return r.prefill_tokens_per_s, r.decode_tokens_per_s, r.tokens
+
+
+def warm_up(model: Path, kern: str, table: str, n: int) -> None:
+    """The warm-up generate of one (prefill kernel, KV table) before the timed runs: the first
+    2 chunks + 100 tokens of the n-token prompt (a calibrating chunk, a full one, a short one), so
+    every kernel variant the timed runs use compiles here. Also run by --jobs workers (each loads
+    the checkpoint: mind the GPU memory of a large one)."""
+    backend = chunked_backend(model, kern)
+    tok = Tokenizer.from_dir(model)
+    ids = prompt_ids(tok, n)[:2 * backend.prefill_chunk + 100]
+    time_coldkv(backend, tok, ids, resolve_table(table, backend.args.num_hidden_layers), 8)
 
 
 def time_hf(model, torch, ids, new, repeats):
@@ -133,6 +144,8 @@ def main() -> None:
                     "row says which, and whether its greedy tokens equal the first kernel's")
     ap.add_argument("--no-launch-ab", dest="launch_ab", action="store_false",
                     help="skip the eager / graph / pipelined decode A/B at 512 tokens (~1 min of compiles)")
+    ap.add_argument("--jobs", type=int, default=1, help="run the warm-ups (the compiles) in this many processes "
+                    "first, each with its own copy of the weights (benchutil.compile_in_workers)")
     ap.add_argument("--commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "generate.json")
     a = ap.parse_args()
@@ -155,9 +168,12 @@ def main() -> None:
             # a backend per prefill kernel: each captures graphs of passes it has compiled
             backends = {kern: chunked_backend(model, kern) for kern in kernels}
             n_layers = backends[kernels[0]].args.num_hidden_layers
-            warm = ids[:2 * backends[kernels[0]].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
-            for name in a.tables.split(","):  # compile every kernel variant the timed runs use
+            jobs = [(model, kern, name, n) for name in a.tables.split(",") for kern in kernels]
+            for err in compile_in_workers(warm_up, jobs, a.jobs):
+                print("warm-up worker:", err, flush=True)  # compiled again below
+            for name in a.tables.split(","):  # compile (or load) every kernel variant the timed runs use
                 for kern in kernels:
+                    warm = ids[:2 * backends[kern].prefill_chunk + 100]  # calibration chunk, a full chunk, a short one
                     time_coldkv(backends[kern], tok, warm, resolve_table(name, n_layers), 8)
             hf = transformers.AutoModelForCausalLM.from_pretrained(
                 model, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()

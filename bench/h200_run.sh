@@ -32,6 +32,9 @@
 #   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
 #             and the split merge alone (nvfp4, int8, bf16 at 4096 / 32768 / 131072; ~40 s)
 #   wgmma     bench/wgmma_probe.py (a process per case, ~1-2 min)
+# The benches compile their kernels in worker processes first (--jobs: 8, or 3 beside the suite;
+# session 37's two prefill benches spent 183 and 128 s of a 430 s call compiling one kernel after
+# another), then load them from the shared disk cache.
 # seconds: what the script may take (default 540). Every part's timeout is the time left, and the
 # results are copied to $OUT after each part, so a call cut short by the device's 600 s limit still
 # returns what finished (at deca753 a fixed 535 s prefill timeout after 3 codec rounds ran past it
@@ -56,13 +59,15 @@ has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py tes
 has tests1 && TESTS=tests/test_attention_cuda.py
 has tests2 && TESTS=$(ls tests/test_*.py | grep -v test_attention_cuda.py | tr '\n' ' ')
 has tests && TESTS=tests/
+# compile workers a bench starts (benchutil.compile_in_workers): fewer while the suite's 12 run
+J=$([ -n "$TESTS" ] && echo 3 || echo 8)
 if [ -n "$TESTS" ]; then
   timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider $TESTS \
     > "$OUT/gpu_pytest_$C.log" 2>&1 &  # -v: a timeout cutting a -q run loses the failing names
   W=$!
 fi
 if has decode; then
-  timeout $(left) python3 bench/attention_decode.py --commit "$C" --wait-pid $W --variant-contexts 32768 131072 360000 --out "$OUT/attention_decode.json" \
+  timeout $(left) python3 bench/attention_decode.py --commit "$C" --jobs $J --wait-pid $W --variant-contexts 32768 131072 360000 --out "$OUT/attention_decode.json" \
     > "$OUT/decode.log" 2>&1 &
   W=$!
 fi
@@ -79,28 +84,28 @@ if has rqab; then
   save
 fi
 if has prefill; then
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8s wg8w --formats bf16 nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
   save
 fi
 if has wide; then
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w wg8wn --formats nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_wide.json" >> "$OUT/prefill_wide.log" 2>&1
   save
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --wait-pid $W --T 2048 --contexts 32768 \
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths wg8w wg8w3 wg8a --formats int8 --repeats 5 \
     --out "$OUT/attention_prefill_wide_int8.json" >> "$OUT/prefill_wide.log" 2>&1
   save
 fi
 wait
 save
-has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --prompts 32768 \
+has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
   --tables nvfp4,int8 --prefill-attention auto,wg8w,wg8a --repeats 2 --no-launch-ab \
   --out "$OUT/generate_32k_wide.json" > "$OUT/generate_wide.log" 2>&1
 save
-has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" \
+has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J \
   --repeats $([ $(left) -gt 150 ] && echo 2 || echo 1) --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
 save
 has startup && [ $(left) -gt 90 ] && timeout $(left) python3 bench/startup.py --commit "$C" \
@@ -109,7 +114,7 @@ save
 has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
   --table nvfp4 --decode 64 --hf --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 save
-has chunks && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --prompts 32768 \
+has chunks && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
   --tables nvfp4 --prefill-attention auto,auto@16384,auto@32768 --repeats 3 --no-launch-ab \
   --out "$OUT/generate_32k_chunks.json" > "$OUT/generate_chunks.log" 2>&1
 save

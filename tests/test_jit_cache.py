@@ -35,6 +35,35 @@ def test_keyed_naming_keeps_each_signature(tmp_path):
     assert _race(_KeyedCacheFile, tmp_path) == b"code for int8"
 
 
+def test_concurrent_saves_keep_every_entry(tmp_path):
+    """Two savers of one index at once (a benchmark's compile workers): the second reads the index
+    while the first, having read it, has yet to write; with the index lock it waits, so both
+    entries stay (unlocked, the later write drops the earlier one's key: a compile in the next
+    process)."""
+    import threading
+    import time
+
+    a, b, c = (_KeyedCacheFile(cache_path=str(tmp_path), filename_base="f-1.py312", source_stamp=("stamp", 1))
+               for _ in range(3))
+    a_read = threading.Event()
+    load = a._load_index
+
+    def slow_load():
+        index = load()
+        a_read.set()
+        time.sleep(0.3)  # b reads (or waits for the lock) meanwhile
+        return index
+
+    a._load_index = slow_load
+    t = threading.Thread(target=a.save, args=("key-a", b"code a"))
+    t.start()
+    assert a_read.wait(10)
+    b.save("key-b", b"code b")
+    t.join()
+    assert set(c._load_index()) == {"key-a", "key-b"}
+    assert (c.load("key-a"), c.load("key-b")) == (b"code a", b"code b")
+
+
 def test_runtime_cpu_kernels_use_keyed_cache():
     for f in (attention.paged_attention_cpu, quant.append_cpu, quant.dequant_rows_cpu, quant.requant_c4g64_cpu):
         assert isinstance(f._cache._cache_file, _KeyedCacheFile), f

@@ -66,6 +66,25 @@ def compile_notices(callback):
         _compile_listeners.remove(callback)
 
 
+@contextlib.contextmanager
+def _index_lock(index_path: str):
+    """An exclusive lock on an index's read-add-write, so that processes adding entries to one
+    index at once (a benchmark's compile workers, pytest -n) all keep theirs: unlocked, each reads
+    the index, adds its key and writes it back, the last write drops the others' entries, and
+    their kernels compile again in the next process. Unlocked where it cannot be taken (no fcntl,
+    a read-only cache directory): an entry lost costs a compile, never a wrong load."""
+    try:
+        import fcntl
+
+        f = open(index_path + ".lock", "ab")
+    except (ImportError, OSError):
+        yield
+        return
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when f closes
+        yield
+
+
 class _KeyedCacheFile(IndexDataCacheFile):
     def load(self, key):
         data = super().load(key)
@@ -75,14 +94,15 @@ class _KeyedCacheFile(IndexDataCacheFile):
         return data
 
     def save(self, key, data):
-        overloads = self._load_index()
-        if not overloads and self._stale_index():  # its data files are dead (numba leaves them)
-            for f in Path(self._cache_path).glob(self._data_name_pattern.replace("{number:d}", "*")):
-                f.unlink(missing_ok=True)
         name = self._data_name_pattern.replace("{number:d}", hashlib.sha1(self._dump(key)).hexdigest()[:20])
-        if overloads.get(key) != name:
-            overloads[key] = name
-            self._save_index(overloads)
+        with _index_lock(self._index_path):
+            overloads = self._load_index()
+            if not overloads and self._stale_index():  # its data files are dead (numba leaves them)
+                for f in Path(self._cache_path).glob(self._data_name_pattern.replace("{number:d}", "*")):
+                    f.unlink(missing_ok=True)
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
         self._save_data(name, data)
 
     def _stale_index(self) -> bool:
