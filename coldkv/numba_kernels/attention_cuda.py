@@ -763,28 +763,11 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
 
 def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     """The PREFILL_KERNELS name that "auto" runs for T > 1 (K and V formats kf, vf; None: not
-    known yet). On an sm_90 GPU at head_dim <= 128: "wg8w" when both planes are 4-bit (H100 at
-    e8a376f, T 2048 at 32768 keys: 512 against wg8s's 557 us at 4/2/128, 2799 against 3072 at
-    32/8/128; generate at 32k 0.870x HF against 0.845x; int8 planes are slower on it, 927 against
-    wg8a's 715 us: bench/results/logs/prefill_ws_h100_e8a376f.json; with Q in registers since
-    session 35, H100 at 87e5c14: 496 / 489 against 519 / 513 us with Q in shared memory at 4/2/128,
-    2744 / 2708 against 2817 / 2775 at 32/8/128, generate at 32k 0.935x HF against 0.876x:
-    prefill_wg8wr_h100_87e5c14_{a,b}.json, generate_32k_wg8wr_h100_87e5c14.json; with 16-byte loads
-    since session 36, H100 at b30c735 (as "wg8ww"): 480 / 475 against 491 / 488 us at 4/2/128,
-    2618 / 2626 against 2722 / 2713 at 32/8/128, generate at 32k 0.928x HF against 0.918x:
-    prefill_wide_h100_b30c735_{a,b}.json, generate_32k_wide_h100_b30c735.json; "wg8w3", a third
-    tile of loads in flight, since session 37, H100 at 9bcd343: 472 / 468 against 480 / 476 us at
-    4/2/128, 2492 / 2490 against 2620 / 2622 at 32/8/128: prefill_wide_h100_9bcd343_{a,b}.json);
-    "wg8w" when both are int8 (16-byte loads of int8 codes; H100 at 9bcd343: 606 against wg8a's
-    714 us at 4/2/128, 3430 against 4185 at 32/8/128: prefill_wide_int8_h100_9bcd343.json); else
-    "wg8a" (the fa kernel on wgmma, two warpgroups a block, O += P V asynchronous). H200, T 2048 at 32768
-    keys, us: wg8 / wg8a at df0cfd2 (bench/results/logs/prefill_wg8a_df0cfd2.json) bf16 4/2/128
-    671 / 657, 32/8/128 4052 / 3947, nvfp4 609 / 591, 3586 / 3566; wg8a / wg8s at 6b89c1f
-    (prefill_wg8s_6b89c1f.json) bf16 668 / 728, 4205 / 4284, nvfp4 595 / 570, 3738 / 3555. End to end
-    at 32k: wg8a 0.640x HF against wg8's 0.624x (bf16 KV), 0.678x against 0.642x (nvfp4); wg8s
-    0.606x against wg8a's 0.638x (bf16), 0.693x against 0.671x (nvfp4). wg8 against fa (2379591):
-    bf16 32/8/128 4256 / 4809, nvfp4 3688 / 5834. Elsewhere "fa": at 6390c47 it beat the since
-    removed "rows" and "smem8" at every context (131072 tokens bf16 31.8 ms, rows 55.1, smem8 75.5)."""
+    known yet). On an sm_90 GPU at head_dim <= 128: "wg8w3" when both planes are 4-bit, "wg8w"
+    when both are int8, else "wg8a"; elsewhere "fa" (wgmma needs sm_90, and its O accumulators
+    head_dim <= 128). Each is the fastest measured for its formats (H100 at 9bcd343, T 2048 at
+    32768 keys, 32/8/128: nvfp4 wg8w3 2492 us against wg8w's 2620, int8 wg8w 3430 against
+    wg8a's 4185); every measurement behind the choices: docs/kernels.md, "_prefill_auto"."""
     if D > 128 or not _has_wgmma():
         return "fa"
     if kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3):
