@@ -46,7 +46,7 @@ from numba import cuda  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchutil import clocks_under_load, compile_in_workers, git_commit, versions  # noqa: E402
+from benchutil import clocks_under_load, compile_cases, git_commit, versions  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import attention_mma as M  # noqa: E402
@@ -409,12 +409,7 @@ def main():
     shapes = parse_shapes(args)
     jobs = [(name, Hq, H, D) for Hq, H, D in shapes
             for name in args.formats + (DEFAULT_VARIANTS if (Hq, H, D) == shapes[0] and args.variant_contexts else [])]
-    doc["errors"] += compile_in_workers(compile_case, jobs, args.jobs)
-    for job in jobs:  # the workers' kernels load from the disk cache
-        try:
-            compile_case(*job)
-        except Exception as exc:
-            doc["errors"].append(f"compile {job}: {exc!r}")
+    doc["errors"] += compile_cases(compile_case, jobs, args.jobs)
     doc["compile_s"] = time.perf_counter() - t0
     print(f"compiled in {doc['compile_s']:.1f}s", flush=True)
     if args.wait_pid:

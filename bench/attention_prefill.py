@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchutil import versions  # noqa: E402
 from attention_decode import P, event_time, make_plane, torch_dequant  # noqa: E402
-from benchutil import compile_in_workers, git_commit  # noqa: E402
+from benchutil import compile_cases, git_commit  # noqa: E402
 
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
@@ -195,12 +195,7 @@ def main():
 
     t0 = time.perf_counter()  # compile every kernel (may overlap the gpu tests), then time
     jobs = [(fmt, path, Hq, H, D, args.T) for Hq, H, D in shapes for fmt in args.formats for path in args.paths]
-    doc["errors"] += compile_in_workers(compile_case, jobs, args.jobs)
-    for job in jobs:  # the workers' kernels load from the disk cache
-        try:
-            compile_case(*job)
-        except Exception as exc:
-            doc["errors"].append(f"compile {job}: {exc!r}")
+    doc["errors"] += compile_cases(compile_case, jobs, args.jobs)
     doc["compile_s"] = time.perf_counter() - t0
     print(f"compiled in {doc['compile_s']:.1f}s", flush=True)
     if args.wait_pid:
