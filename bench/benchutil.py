@@ -85,8 +85,8 @@ def compile_in_workers(fn, jobs: list[tuple], workers: int) -> list[str]:
 def compile_cases(fn, jobs: list[tuple], workers: int) -> list[str]:
     """A kernel bench's compile step: fn(*job) for every job in `workers` processes
     (compile_in_workers), then in this one (loading what they compiled); -> the errors."""
-    errors = compile_in_workers(fn, jobs, workers)
-    return errors + [e for e in (_run_job(fn, job) for job in jobs) if e]
+    errors = compile_in_workers(fn, jobs, workers) + [_run_job(fn, job) for job in jobs]
+    return [e for e in dict.fromkeys(errors) if e]  # a case failing in both places: once
 
 
 def _run_job(fn, job: tuple) -> str:
