@@ -26,7 +26,7 @@
 #             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps, and HF's prefill beside it, each
 #             split into attention and the rest (~40 s)
-#   chunks    the prefill chunk: generate at 32k, nvfp4, 8192-token passes (the bundled model's
+#   chunks    the prefill chunk: generate at 32k, nvfp4 and int8, 8192-token passes (the bundled model's
 #             default) against 16384 and 32768, and a profile at 32768 (~120 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
 #   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
@@ -115,7 +115,7 @@ has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profi
   --table nvfp4 --decode 64 --hf --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 save
 has chunks && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
-  --tables nvfp4 --prefill-attention auto,auto@16384,auto@32768 --repeats 3 --no-launch-ab \
+  --tables nvfp4,int8 --prefill-attention auto,auto@16384,auto@32768 --repeats 3 --no-launch-ab \
   --out "$OUT/generate_32k_chunks.json" > "$OUT/generate_chunks.log" 2>&1
 save
 has chunks && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
