@@ -17,10 +17,9 @@
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s, wg8w; ~60 s)
-#   wide      at T 2048: nvfp4 wg8w3 (auto's since session 37: a third tile of loads in flight) against
-#             wg8w (two) and wg8wn (4-byte loads); int8 pages wg8w (auto's since session 37) against
-#             wg8w3 and wg8a (auto's before); then generate at 32k, nvfp4 and int8 tables, auto against
-#             the kernel auto took before (~300 s: give it 360)
+#   wide      at T 2048, nvfp4: wg8w3 (auto's since session 37: three tiles of loads in flight)
+#             against wg8w4 (four; session 37, not yet run) and wg8w (two); int8: wg8w (auto's) against
+#             wg8a; then generate at 32k, nvfp4, auto against wg8w4 (~200 s with --jobs: give it 260)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -91,18 +90,18 @@ if has prefill; then
 fi
 if has wide; then
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w wg8wn --formats nvfp4 --repeats 5 \
+    --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w4 wg8w --formats nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_wide.json" >> "$OUT/prefill_wide.log" 2>&1
   save
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w wg8w3 wg8a --formats int8 --repeats 5 \
+    --shapes 4/2/128 32/8/128 --paths wg8w wg8a --formats int8 --repeats 5 \
     --out "$OUT/attention_prefill_wide_int8.json" >> "$OUT/prefill_wide.log" 2>&1
   save
 fi
 wait
 save
 has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
-  --tables nvfp4,int8 --prefill-attention auto,wg8w,wg8a --repeats 2 --no-launch-ab \
+  --tables nvfp4 --prefill-attention auto,wg8w4 --repeats 3 --no-launch-ab \
   --out "$OUT/generate_32k_wide.json" > "$OUT/generate_wide.log" 2>&1
 save
 has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J \

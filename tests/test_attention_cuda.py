@@ -268,6 +268,8 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
+    # four tiles in flight: 7 tiles = a round of the four slots and three
+    pytest.param("mma_wg8w4", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),
     # int8 scales of both planes, 16-byte loads of int8 codes (2 chunks an item; wg8wn: 1)
     pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),
     pytest.param("mma_wg8wn", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
@@ -341,8 +343,8 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.BF16, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True)
     with pytest.raises(ValueError, match="whole warpgroups"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=6)
-    with pytest.raises(ValueError, match="2 or 3 tiles"):
-        AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, depth=4)
+    with pytest.raises(ValueError, match="2 to 4 tiles"):
+        AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, depth=5)
     with pytest.raises(ValueError, match="8192 / head_dim"):  # wrong on the H200, right in the simulator
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, chb=128)
 
@@ -645,6 +647,7 @@ def test_prefill_kernel_names(monkeypatch):
     assert A.prefill_kernel("wg8wn", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": False}
     assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8wn", 128), "mma_q_regs": False}
     assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 3}
+    assert A.prefill_kernel("wg8w4", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 4}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     nv, b = Q.NVFP4, Q.BF16
     assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
@@ -848,14 +851,15 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3"])
+@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3", "mma_wg8w4"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
                                                    ("int8", "int8", 2, 128, 700, 6000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
                                                    ("iso3", "nvfp4", 2, 128, 100, 5000, 32)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
     """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
-    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 (a third tile of loads in flight):
+    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 / wg8w4 (three / four tiles of
+    loads in flight):
     long rings of tiles, many blocks, and blocks whose split range is empty (the early query
     blocks' last splits)."""
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 2,
@@ -865,7 +869,7 @@ def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s",
-                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3"])
+                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3", "mma_wg8w4"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

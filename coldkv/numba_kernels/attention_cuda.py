@@ -758,6 +758,10 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     # since session 37)
     "wg8w3": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_depth": 3},
+    # and a fourth (session 37, built offline: not yet GPU-run; its producer 152 registers, the
+    # consumers 176; int8 planes spill 1364 B on it)
+    "wg8w4": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
+              "mma_depth": 4},
 }
 
 
@@ -910,8 +914,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
     warpgroup decodes the tiles, attention_prefill's attn_ws) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
     Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and K and V both
-    4-bit or both int8, the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 gives the
-    producer a third tile of loads in flight): tuning knobs of the benchmark
+    4-bit or both int8, the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 or 4 tiles
+    of loads in flight in the producer instead of 2): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored. mma_qsmem: the decode kernel keeps q's MMA

@@ -28,8 +28,10 @@ from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_as
 
 WS_STAGES = 4  # the warp-specialized kernel's ring of K / V tiles (160 KB with Q at d 128)
 # its registers a thread: 168 at launch (one block of 384 threads an SM), then the producer gives
-# some to the consumers (128 x WS_REGS_PRODUCER + 256 x WS_REGS_CONSUMER <= 65536)
+# some to the consumers (128 x producer + 256 x consumer <= 65536); with four tiles of loads in
+# flight the producer needs 152 (nvfp4, ptxas 13.0: no spill at 152 / 176)
 WS_REGS_PRODUCER, WS_REGS_CONSUMER = 136, 184
+WS_REGS_DEPTH4 = 152, 176
 
 
 @cuda.jit(device=True, inline=True)
@@ -102,8 +104,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
     both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
-    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2, or 3:
-    one more slot of registers)."""
+    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2 to 4, a
+    slot of registers each; at 4 the producer takes WS_REGS_DEPTH4's share)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
@@ -111,8 +113,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     if ws and (not wg or W != 8 or pingpong or BF16 in (kf, vf) or pre[0] or pre[1]):
         raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
                          "K and V int8 / nvfp4 / iso3 codes")
-    if depth not in (2, 3) or (depth != 2 and not ws):
-        raise ValueError("attention_prefill: the producer has 2 or 3 tiles of loads in flight (ws only)")
+    if depth not in (2, 3, 4) or (depth != 2 and not ws):
+        raise ValueError("attention_prefill: the producer has 2 to 4 tiles of loads in flight (ws only)")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
         raise ValueError("attention_prefill: the wgmma kernel's tiles are at most 8192 / head_dim keys")
     NS = D // 16
@@ -168,8 +170,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
-    regs_give = setmaxnreg(WS_REGS_PRODUCER, False) if WS else None
-    regs_take = setmaxnreg(WS_REGS_CONSUMER, True) if WS else None
+    RP, RC = WS_REGS_DEPTH4 if depth == 4 else (WS_REGS_PRODUCER, WS_REGS_CONSUMER)
+    regs_give = setmaxnreg(RP, False) if WS else None
+    regs_take = setmaxnreg(RC, True) if WS else None
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
@@ -910,11 +913,15 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             s0 = ws_slot()
             s1 = ws_slot()
             s2 = ws_slot()
+            s3 = ws_slot()
             if ntiles > 0:
                 ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS)
-            if NF == 3 and ntiles > 1:
+            if NF >= 3 and ntiles > 1:
                 ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + CHB, ke, key0, c, s1,
                          KS)
+            if NF == 4 and ntiles > 2:
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + 2 * CHB, ke, key0, c,
+                         s2, KS)
             for tn in range((ntiles + NF - 1) // NF):  # the slots in turn (unrolled by hand: registers)
                 t = NF * tn
                 if NF == 2:
@@ -922,13 +929,22 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                             VS, ksr, vsr, kval, key0, c, s1, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
                             KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
-                else:
+                elif NF == 3:
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
                             VS, ksr, vsr, kval, key0, c, s2, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
                             KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
                             KS, VS, ksr, vsr, kval, key0, c, s1, s2, False)
+                else:
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
+                            VS, ksr, vsr, kval, key0, c, s3, s0, True)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
+                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
+                            KS, VS, ksr, vsr, kval, key0, c, s1, s2, False)
+                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 3,
+                            KS, VS, ksr, vsr, kval, key0, c, s2, s3, False)
             return
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
@@ -1186,6 +1202,8 @@ def _ptx_signatures() -> tuple[list, list]:
               prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
                                  **wg8a), prefill_sig(ISO3, ISO3, True)),
+             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=4,
+                                 **wg8a), prefill_sig(NVFP4, ISO3, True)),
              (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
               prefill_sig(INT8, INT8, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
