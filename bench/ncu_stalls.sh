@@ -3,6 +3,8 @@
 #                 bash bench/ncu_stalls.sh --prefill [--path wg8s] bf16 nvfp4  (bench/ncu_prefill.py: "fa" or
 #                   --path's kernel, T 2048, 32768 keys, 4/2/128)
 #                 bash bench/ncu_stalls.sh --codecs nvfp4 int8     (bench/ncu_codecs.py: requant to c4g64, 32768 pages)
+#                 bash bench/ncu_stalls.sh --layers rms_norm qkv_rope_append:nvfp4 swiglu  (bench/ncu_layers.py: the
+#                   per-token kernels at one 8192-token chunk of the bundled model)
 # ncu stall reasons + pipe use of the decode attention kernel (131072 tokens, 32/8/128), or of the prefill one
 M=""
 for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle not_selected selected barrier dispatch_stall no_instruction tex_throttle drain branch_resolving imc_miss math; do
@@ -14,6 +16,7 @@ EXTRA=""
 if [ "${1:-}" = --prefill ]; then SCRIPT=bench/ncu_prefill.py; K="attn_mma_fa|attn_ws"; shift; fi
 if [ "${1:-}" = --path ]; then EXTRA="--path $2"; shift 2; fi
 if [ "${1:-}" = --codecs ]; then SCRIPT=bench/ncu_codecs.py; K=requant; shift; fi
+if [ "${1:-}" = --layers ]; then SCRIPT=bench/ncu_layers.py; K="rms_norm|qkv_rope_append|swiglu|kv_amax"; shift; fi
 for f in "$@"; do
   timeout 120 ncu --clock-control none --kernel-name-base function -k regex:"$K" -s 1 -c 1 --metrics $M python3 $SCRIPT $f $EXTRA 2>&1 | grep -E "^\s+(smsp|sm__|dram|l1tex|lts|gpu__|launch)" | sed "s/^/$f /"
 done
