@@ -854,7 +854,7 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3", "mma_wg8w4"])
+@pytest.mark.parametrize("kernel", ["mma_" + k for k, kw in A.PREFILL_KERNELS.items() if kw["mma_ws"]])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
                                                    ("int8", "int8", 2, 128, 700, 6000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
@@ -871,8 +871,7 @@ def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8", "mma_wg", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s",
-                                    "mma_wg8w", "mma_wg8wn", "mma_wg8wss", "mma_wg8w3", "mma_wg8w4"])
+@pytest.mark.parametrize("kernel", ["mma_fa", "mma_fa8"] + ["mma_" + k for k in A.PREFILL_KERNELS if k != "fa"])
 def test_gpu_prefill_device_position(kernel):
     """The backend's prefill launch: an int32[1] device position and plan_len; == int mode
     (bitwise, same plan) == reference, at three chunk positions of one cache."""

@@ -1163,8 +1163,9 @@ def wg_prepare(kern, sig: str, nbytes: int) -> None:
 
 def _ptx_signatures() -> tuple[list, list]:
     """(CI's list: "fa" for each format and lane layout, the runtime's device-position builds on
-    sm_90 (`_prefill_auto`: wg8w for 4-bit K and V, 16-byte loads, else wg8a), a pre-decoded plane and its
-    predecode; the rest, run with -m slow: the benchmark's other variants and shapes)."""
+    sm_90 (`attention_cuda._prefill_auto`'s wg8a, and wg8w for its wg8w3: the same code at depth 2,
+    since depth 3 took 30 s more of CI's 2 cores), a pre-decoded plane and its predecode; the rest,
+    run with -m slow: the benchmark's other variants and shapes, wg8w3 and int8 wg8w among them)."""
     fm = [BF16, INT8, NVFP4, ISO3]
     out = [(get_prefill_kernel(f, f, 2, 128), prefill_sig(f, f)) for f in fm]
     out += [(get_prefill_kernel(INT8, NVFP4, 6, 256), prefill_sig(INT8, NVFP4)),
