@@ -112,6 +112,27 @@ def test_generate_errors(model_dir, prompt, tmp_path, monkeypatch):
     assert r.exit_code == 2
 
 
+def test_generate_prefill_chunk_sizes_the_cuda_passes(model_dir, prompt, monkeypatch):
+    """--prefill-chunk reaches the CUDA backend, which sizes its pass buffers for it (rounded up to
+    whole 1024-token rows) instead of cutting a longer step to its default; its PlanError (buffers
+    past the free GPU memory) is an error line."""
+    from coldkv.errors import PlanError
+    from coldkv.runtime import cuda_backend
+
+    asked = []
+
+    def backend(model_dir, page_tokens, prefill_chunk):
+        asked.append(prefill_chunk)
+        raise PlanError("use a smaller --prefill-chunk")
+
+    monkeypatch.setattr("coldkv.runtime.backend.select_device", lambda device: ("cuda", None))
+    monkeypatch.setattr(cuda_backend, "CUDABackend", backend)
+    for chunk in ("3000", "16384"):
+        _error(["generate", str(prompt), "--model", str(model_dir), "--prefill-chunk", chunk], "--prefill-chunk")
+    _error(["generate", str(prompt), "--model", str(model_dir)], "--prefill-chunk")
+    assert asked == [3072, 16384, None]
+
+
 def test_generate_broken_checkpoints(tmp_path, prompt):
     d = make_checkpoint(tmp_path / "trunc", "llama")
     data = (d / "model.safetensors").read_bytes()

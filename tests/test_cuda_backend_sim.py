@@ -23,7 +23,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not numba.config.ENABLE_CUDAS
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
+def ckpt(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt"), "qwen3", seed=3, layers=1, head_dim=64, heads=2,
+                           kv_heads=1, hidden=64)
+
+
+@pytest.fixture(scope="module")
+def backend(ckpt):
     from numba import cuda
 
     from coldkv.numba_kernels import sampling
@@ -35,8 +41,6 @@ def backend(tmp_path_factory):
     mp.setattr(CB, "launch_sample", functools.partial(sampling.launch_sample, threads=32))  # same draw, fewer threads
     mp.setattr(CB.L, "GSCALE_SLICES", 4)  # the calibration's 512 slices would be most of the run
     mp.setattr(cuda, "event", sync_event)
-    ckpt = make_checkpoint(tmp_path_factory.mktemp("ckpt"), "qwen3", seed=3, layers=1, head_dim=64, heads=2,
-                           kv_heads=1, hidden=64)
     yield CB.CUDABackend(ckpt, graphs=False)
     mp.undo()
 
@@ -64,6 +68,23 @@ def test_prefill_chunks_equal_one_pass(backend):
         want = backend.forward(prompt, backend.new_cache(table, n))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert len(backend._prompt[0]) == 128  # grown: 12 tokens + padding to 15 ids -> 16, 24 -> 32, 96 -> 128
+
+
+def test_prefill_pass_buffers_must_fit_free_memory(backend, ckpt, monkeypatch):
+    """A --prefill-chunk whose pass buffers pass the GPU's free memory is a PlanError naming the
+    option, raised before any buffer is allocated; one that fits gets buffers of its rows."""
+    from numba import cuda
+
+    from coldkv.errors import PlanError
+    from coldkv.runtime import cuda_backend as CB
+
+    need = CB.chunk_buffer_bytes(backend.args, 4096)
+    ctx = type(cuda.current_context())
+    monkeypatch.setattr(ctx, "get_memory_info", lambda self: (need - 1, 2 * need))
+    with pytest.raises(PlanError, match="--prefill-chunk"):
+        CB.CUDABackend(ckpt, graphs=False, prefill_chunk=4096)
+    monkeypatch.setattr(ctx, "get_memory_info", lambda self: (need, 2 * need))
+    assert CB.CUDABackend(ckpt, graphs=False, prefill_chunk=4096).x.shape[0] == 4096
 
 
 def test_decode_steps_closed_early_equal_decode_in_a_loop(backend):

@@ -183,16 +183,20 @@ class CPUBackend:
             )
 
 
-def load_backend(model_dir: Path, device: str = "auto", page_tokens: int = 64) -> tuple[Backend, str | None]:
-    """-> (backend with the model loaded, a note for stderr or None)."""
+def load_backend(model_dir: Path, device: str = "auto", page_tokens: int = 64,
+                 prefill_chunk: int | None = None) -> tuple[Backend, str | None]:
+    """-> (backend with the model loaded, a note for stderr or None). prefill_chunk: the tokens of
+    a prefill step the caller will ask for; the CUDA backend sizes its pass buffers for it (rounded
+    up to its PAD_QUANTUM) instead of its default, so a longer step is not cut to the default."""
     name, note = select_device(device)
     if name == "cuda":
         from numba.cuda.cudadrv.driver import CudaAPIError
 
-        from coldkv.runtime.cuda_backend import CUDABackend
+        from coldkv.runtime.cuda_backend import PAD_QUANTUM, CUDABackend
 
+        rows = None if prefill_chunk is None else -(-prefill_chunk // PAD_QUANTUM) * PAD_QUANTUM
         try:
-            return CUDABackend(model_dir, page_tokens=page_tokens), note
+            return CUDABackend(model_dir, page_tokens=page_tokens, prefill_chunk=rows), note
         except CudaAPIError as exc:  # e.g. out of memory while uploading the weights
             raise DeviceError(f"CUDA: {exc}; use --device cpu") from None
     return CPUBackend(model_dir, page_tokens=page_tokens), note

@@ -60,7 +60,7 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
     args = load_args(model_dir)
     table = resolve_table(kv_table, args.num_hidden_layers, model_dir)
     tokenizer = Tokenizer.from_dir(model_dir)
-    backend, note = load_backend(model_dir, device)
+    backend, note = load_backend(model_dir, device, prefill_chunk=prefill_chunk)
     if note:
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     ids = tokenizer.encode(prompt)

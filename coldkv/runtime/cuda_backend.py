@@ -65,14 +65,21 @@ def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
     output directly, a smaller one is split over the keys and merged by a second kernel. So the
     chunk doubles from MIN_CHUNK until the grid fills the GPU (the bundled model, 2 kv heads of
     G 2: 8192 tokens; 8 kv heads of G 4: 2048), at most MAX_CHUNK and CHUNK_BUFFER_BYTES of buffers."""
+    nq, nkv = a.num_attention_heads, a.num_key_value_heads
+    tokens_per_block = prefill_tokens_per_block(max(1, nq // nkv))
+    T = MIN_CHUNK
+    while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and chunk_buffer_bytes(a, 2 * T) <= CHUNK_BUFFER_BYTES:
+        T *= 2
+    return T
+
+
+def chunk_buffer_bytes(a: ModelArgs, T: int) -> int:
+    """Device bytes of the per-token buffers of a T-token prefill pass (_alloc_buffers' rows and
+    the attention workspace of PREFILL_SPLITS splits)."""
     hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
     per_token = (4 * a.hidden_size + 2 * a.hidden_size + 2 * nq * hd + 4 * (nq + 2 * nkv) * hd + 8 * nq * hd
                  + 8 * nkv * hd + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
-    tokens_per_block = prefill_tokens_per_block(max(1, nq // nkv))
-    T = MIN_CHUNK
-    while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and 2 * T * per_token <= CHUNK_BUFFER_BYTES:
-        T *= 2
-    return T
+    return T * per_token
 
 
 def padded_rows(T: int) -> int:
@@ -160,6 +167,10 @@ class CUDABackend:
         del w
         self.rope = Rope(a.rope, a.head_dim)
         self.sm_scale = float(a.head_dim) ** -0.5
+        need, free = chunk_buffer_bytes(a, self.max_chunk), cuda.current_context().get_memory_info()[0]
+        if need > free:  # a long --prefill-chunk; the default's buffers stay under CHUNK_BUFFER_BYTES
+            raise PlanError(f"prefill passes of {self.max_chunk} tokens need {need / 2**30:.2f} GiB of GPU "
+                            f"buffers, {free / 2**30:.2f} GiB is free after the weights; use a smaller --prefill-chunk")
         self._alloc_buffers()
         self._rope_rows = 0
         # captured passes over one KV arena (a cache's device memory), by (tokens, head, layers
