@@ -74,8 +74,9 @@ def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
 
 
 def chunk_buffer_bytes(a: ModelArgs, T: int) -> int:
-    """Device bytes of the per-token buffers of a T-token prefill pass (_alloc_buffers' rows and
-    the attention workspace of PREFILL_SPLITS splits)."""
+    """Device bytes of the per-token buffers of a T-token prefill pass, an upper bound (_alloc_buffers'
+    rows, counting the 16-bit qkv and gate|up rows at 4 bytes, and the attention workspace of
+    PREFILL_SPLITS splits)."""
     hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
     per_token = (4 * a.hidden_size + 2 * a.hidden_size + 2 * nq * hd + 4 * (nq + 2 * nkv) * hd + 8 * nq * hd
                  + 8 * nkv * hd + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
