@@ -82,8 +82,8 @@ def generate(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text, tokens, stats) instead "
                                            "of streaming.")] = False,
     prefill_chunk: Annotated[Optional[int], typer.Option(
-        "--prefill-chunk", min=1, help="Prompt tokens per prefill step (default: 512 on the CPU; on CUDA 2048-8192 "
-        "by model, picked so one step fills the GPU). On CUDA a step's buffers grow with it (the bundled model: "
+        "--prefill-chunk", min=1, help="Prompt tokens per prefill step (default: 512 on the CPU; on CUDA 2048-32768 "
+        "by model and GPU: the bundled model takes 32768 on an H100/H200, 8192 elsewhere). On CUDA a step's buffers grow with it (the bundled model: "
         "~32 KB a token); the 4-bit KV scales are calibrated on the first step.")] = None,
     threads: Annotated[int, typer.Option("--threads", min=0, help="CPU backend: BLAS threads (0 = the BLAS "
                                          "default; 1 is often fastest on small or busy machines).")] = 0,

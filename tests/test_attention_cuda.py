@@ -616,7 +616,8 @@ def test_plan_prefill():
 
 def test_prefill_chunk_tokens():
     """The CUDA backend's chunk grows until the fa grid (4 x 16 // G tokens a block and kv head)
-    fills 2 blocks per SM, within 2048..8192 tokens and the buffer budget."""
+    fills 2 blocks per SM, within 2048..8192 tokens and the buffer budget; with the wgmma kernels
+    ("wg") up to 32768 tokens within the budget."""
     from coldkv.runtime.config import ModelArgs
     from coldkv.runtime.cuda_backend import prefill_chunk_tokens
 
@@ -630,6 +631,9 @@ def test_prefill_chunk_tokens():
     wide = ModelArgs.from_dict({**base, "hidden_size": 16384, "intermediate_size": 65536,
                                 "num_attention_heads": 4, "num_key_value_heads": 2})
     assert prefill_chunk_tokens(wide, 132) == 2048  # 4096 tokens of buffers would pass 1 GiB
+    assert prefill_chunk_tokens(tiny, 132, "wg") == 32768  # ~1.0e9 bytes of buffers
+    assert prefill_chunk_tokens(gqa4, 132, "wg") == 4096  # 8192 tokens: 1.24e9 bytes
+    assert prefill_chunk_tokens(wide, 132, "wg") == 2048
 
 
 def test_prefill_kernel_names(monkeypatch):

@@ -43,9 +43,11 @@ from coldkv.runtime.sampling import Sampler
 
 # Tokens per device pass (longer inputs are split): at least 2048, not 512, because a chunk costs
 # ~90 launches however long it is and the first chunks of every prompt run eagerly (~10 ms of
-# Python each); up to 8192 while the prefill attention grid of a chunk would not fill the GPU
-# unsplit (prefill_chunk_tokens).
-MIN_CHUNK, MAX_CHUNK = 2048, 8192
+# Python each). With the fa prefill kernel, up to 8192 while its grid would not fill the GPU
+# unsplit; with the wgmma ones (sm_90), up to 32768: a 32k prompt in one pass a layer was 2.8%
+# faster end to end than four 8192-token passes with nvfp4 KV, 4% with int8 (H100, 2ffeb58,
+# bench/results/logs/generate_32k_chunks_h100_2ffeb58.json). prefill_chunk_tokens.
+MIN_CHUNK, FA_MAX_CHUNK, MAX_CHUNK = 2048, 8192, 32768
 # A chunk shorter than the backend's (a short prompt, a prompt's last chunk) runs as a pass of
 # padded_rows(T) rows (its tokens, then token 0 up to the padding), so that a few captured graphs
 # per cache serve every length instead of ~90 launches from Python (13 ms for a 4096-token prompt
@@ -58,17 +60,28 @@ DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tok
 PREFILL_SPLITS = 4  # x chunk rows of attention workspace; shorter chunks may split more
 
 
-def prefill_chunk_tokens(a: ModelArgs, n_sm: int) -> int:
-    """Tokens per prefill pass for model `a` on a GPU of n_sm SMs. The prefill attention kernel
-    ("fa") runs blocks of 4 warps x 16 // G query tokens per kv head and holds 2 blocks per SM
+def prefill_chunk_tokens(a: ModelArgs, n_sm: int, prefill: str = "fa") -> int:
+    """Tokens per prefill pass for model `a` on a GPU of n_sm SMs whose prefill attention kernel
+    is `prefill` (PREFILL_KERNELS' mma_prefill: "fa" or "wg"), at most CHUNK_BUFFER_BYTES of buffers.
+    "wg": MAX_CHUNK. Longer passes mean fewer launches, GEMMs of HF's sizes, and one attention
+    launch a layer whose blocks run heaviest first over the whole prompt, not four with a tail each.
+    "fa": it runs blocks of 4 warps x 16 // G query tokens per kv head and holds 2 blocks per SM
     (240-255 registers); a chunk whose grid fills those 2 n_sm slots runs unsplit and writes its
     output directly, a smaller one is split over the keys and merged by a second kernel. So the
     chunk doubles from MIN_CHUNK until the grid fills the GPU (the bundled model, 2 kv heads of
-    G 2: 8192 tokens; 8 kv heads of G 4: 2048), at most MAX_CHUNK and CHUNK_BUFFER_BYTES of buffers."""
+    G 2: 8192 tokens; 8 kv heads of G 4: 2048), at most FA_MAX_CHUNK (longer fa passes are unmeasured)."""
     nq, nkv = a.num_attention_heads, a.num_key_value_heads
     tokens_per_block = prefill_tokens_per_block(max(1, nq // nkv))
+
+    def grow(T):
+        if chunk_buffer_bytes(a, 2 * T) > CHUNK_BUFFER_BYTES:
+            return False
+        if prefill == "wg":
+            return T < MAX_CHUNK
+        return T < FA_MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm
+
     T = MIN_CHUNK
-    while T < MAX_CHUNK and -(-T // tokens_per_block) * nkv < 2 * n_sm and chunk_buffer_bytes(a, 2 * T) <= CHUNK_BUFFER_BYTES:
+    while grow(T):
         T *= 2
     return T
 
@@ -148,7 +161,7 @@ class CUDABackend:
         self._scratch = kernel["mma_prefill"] == "fa"
         if prefill_chunk is not None and (prefill_chunk <= 0 or prefill_chunk % PAD_QUANTUM):
             raise ValueError(f"prefill_chunk must be a positive multiple of {PAD_QUANTUM}, got {prefill_chunk}")
-        self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count())
+        self.max_chunk = prefill_chunk or prefill_chunk_tokens(a, _sm_count(), kernel["mma_prefill"])
         self.prefill_chunk = self.max_chunk  # the Backend protocol's default tokens per prefill step
         self.stream = cuda.stream()
         # the GEMMs' 16-bit type: the checkpoint's own for fp16 ones (rounding fp16 weights to bf16
