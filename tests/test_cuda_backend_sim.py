@@ -87,6 +87,27 @@ def test_prefill_pass_buffers_must_fit_free_memory(backend, ckpt, monkeypatch):
     assert CB.CUDABackend(ckpt, graphs=False, prefill_chunk=4096).x.shape[0] == 4096
 
 
+def test_calibration_takes_the_first_calib_tokens(backend, ckpt, monkeypatch):
+    """A layer's 4-bit scales come from its first CALIB_TOKENS tokens however long its first pass
+    (a 32768-token pass calibrates on 8192): a 40-token prompt in one pass gets the scales of its
+    first 16 tokens alone, and different ones when it calibrates on all 40."""
+    from coldkv.runtime import cuda_backend as CB
+
+    table = _table(backend, "nvfp4")
+    prompt = (np.arange(40) * 37 + 5) % backend.args.vocab_size
+    scales = {}
+    for calib in (16, 64):
+        monkeypatch.setattr(CB, "CALIB_TOKENS", calib)
+        b = CB.CUDABackend(ckpt, graphs=False)
+        for n in (16, 40):
+            cache = b.new_cache(table, 64)
+            b.prefill(prompt[:n], cache, chunk=40)
+            scales[calib, n] = cache.gscale_dev.copy_to_host()
+    np.testing.assert_array_equal(scales[16, 40], scales[16, 16])
+    np.testing.assert_array_equal(scales[64, 16], scales[16, 16])
+    assert not np.array_equal(scales[64, 40], scales[16, 16])
+
+
 def test_decode_steps_closed_early_equal_decode_in_a_loop(backend):
     """Two tokens read of a run-ahead decode_steps, then close: the cache loses the step nobody read
     and the sampler's draw counter steps back, so the next decode() draws what a plain loop draws."""

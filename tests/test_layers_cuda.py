@@ -121,16 +121,17 @@ def _check_qkv_rope_append(k_fmt, v_fmt, qk_norm, bias, D, Hq, H, T, P, pos0, f1
     pools = [pool_arrays(f, used * H, P, D) for f in (k_fmt, v_fmt)]
     dev = lambda a: cuda.to_device(a)  # noqa: E731
     args = [dev(qkv), dev(b), dev(qn), dev(kn), dev(cos), dev(sin), dev(np.array([pos0], np.int32)), 1e-6]
-    q = cuda.device_array((T, Hq, D), np.float32)
+    q = cuda.to_device(np.full((T, Hq, D), np.nan, np.float32))
     kv = cuda.to_device(np.zeros((2, T, H, D), np.float32))
     dpools = [(FORMAT_IDS[f], dev(table[i]), dev(c), dev(s)) for i, (f, (c, s)) in enumerate(zip((k_fmt, v_fmt), pools))]
     L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), False, S, f16=f16)  # fp32 K/V out
     kv_h = kv.copy_to_host()
     rq, rk, rv = L.qkv_post_ref(qkv, b if bias else None, qn if qk_norm else None, kn if qk_norm else None,
                                 cos, sin, pos0, 1e-6, Hq, H, f16)
+    assert np.isnan(q.copy_to_host()).all()  # the fp32 pass leaves q to the pages pass
+    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), True, S, f16=f16)  # quantized into pages
     for got, ref in ((q.copy_to_host(), rq), (kv_h[0], rk), (kv_h[1], rv)):
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
-    L.launch_qkv_rope_append(*args, q, kv, *dpools, dev(gscale), True, S, f16=f16)  # quantized into pages
     for plane, (f, (codes, scales)) in enumerate(zip((k_fmt, v_fmt), pools)):
         append_cpu(FORMAT_IDS[f], kv_h[plane], pos0, table[plane], codes, scales, gscale[plane])
         np.testing.assert_array_equal(dpools[plane][2].copy_to_host(), codes)

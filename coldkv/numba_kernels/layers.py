@@ -12,7 +12,8 @@ the o_proj and down GEMMs accumulate into the float32 residual. Norm weights are
   rms_norm_kernel(R, VPL, F16)  h = 16(x / rms(x) * w)                          [T, dim] u16
   qkv_rope_append_kernel(NV)  per (token, head): + bias, q/k RMSNorm (Qwen3), RoPE; q -> q_out;
                         K/V quantized straight into the layer's pages (write_pages=1), or
-                        written as fp32 to kv_out (the first chunk, for the 4-bit scales)
+                        written as fp32 to kv_out (the first chunk, for the 4-bit scales;
+                        q_out is not written then)
   kv_amax_kernel, kv_gscale_kernel  second-level scale of each (K/V, head) from a chunk's
                         max |x| (maxima of token slices, then one per (K/V, head))
   swiglu_kernel(F16)    a = 16(silu(gate) * up)                                 [T, inter] u16
@@ -273,8 +274,8 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
         t = cuda.blockIdx.x
         s = cuda.blockIdx.y * WARPS + cuda.threadIdx.x // 32
         lane = cuda.threadIdx.x % 32
-        if s >= Hq + 2 * H:
-            return  # whole warps only
+        if s >= Hq + 2 * H or (write_pages == 0 and s < Hq):
+            return  # whole warps only; the calibration pass (fp32 K/V out) leaves q to the second
         p = pos[0] + t
         rotated = s < Hq + H  # q and K heads: norm and RoPE
         normed = rotated and q_norm.shape[0] > 0

@@ -55,6 +55,11 @@ MIN_CHUNK, FA_MAX_CHUNK, MAX_CHUNK = 2048, 8192, 32768
 # padding always fits.
 PAD_QUANTUM = 1024
 CHUNK_BUFFER_BYTES = 1 << 30  # at most this much of per-token activation buffers
+# The 4-bit KV scales of a layer are calibrated on its first chunk's first CALIB_TOKENS tokens:
+# an fp32 K/V pass and an amax over them. Over a whole 32768-token pass they cost 1.7 of its 27.7 ms
+# of GPU time (H100, 2ffeb58, bench/results/logs/prefill_profile_chunk32768_h100_2ffeb58.json);
+# 8192 is what the 8192-token chunks calibrated on before.
+CALIB_TOKENS = 8192
 LOGITS_CHUNK = 512  # rows per pass when every position's logits are wanted ([rows, vocab] f32 buffer)
 DECODE_SPLITS = 1024  # attention split-K capacity of a one-token step (128k tokens: 256 used)
 PREFILL_SPLITS = 4  # x chunk rows of attention workspace; shorter chunks may split more
@@ -92,8 +97,8 @@ def chunk_buffer_bytes(a: ModelArgs, T: int) -> int:
     PREFILL_SPLITS splits)."""
     hd, nq, nkv = a.head_dim, a.num_attention_heads, a.num_key_value_heads
     per_token = (4 * a.hidden_size + 2 * a.hidden_size + 2 * nq * hd + 4 * (nq + 2 * nkv) * hd + 8 * nq * hd
-                 + 8 * nkv * hd + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
-    return T * per_token
+                 + 8 * a.intermediate_size + 2 * a.intermediate_size + 4 * PREFILL_SPLITS * nq * hd)
+    return T * per_token + min(T, CALIB_TOKENS) * 8 * nkv * hd
 
 
 def padded_rows(T: int) -> int:
@@ -208,7 +213,7 @@ class CUDABackend:
         self.qkv = dev((T, (nq + 2 * nkv) * hd), u16)  # 16-bit GEMM outputs (layers.py, Dtypes)
         self.q = dev((T, nq, hd), f32)
         self.o = dev((T, nq, hd), f32)
-        self.kv = dev((2, T, nkv, hd), f32)  # K/V of a layer's first chunk: the 4-bit scales' amax
+        self.kv = dev((2, min(T, CALIB_TOKENS), nkv, hd), f32)  # a layer's first K/V: the 4-bit scales' amax
         self.kv_amax = dev((2, nkv, L.GSCALE_SLICES), f32)  # its maxima per token slice
         self.gu = dev((T, 2 * a.intermediate_size), u16)
         self.act16 = dev((T, a.intermediate_size), u16)
@@ -510,17 +515,18 @@ class CUDABackend:
             table, gscale = cache.table_dev[i], cache.gscale_dev[i]
             L.launch_rms_norm(x, lw.attn_norm, eps, h, s, f16=f16)
             gemm(h, lw.wqkv, qkv)
-            def post_qkv(write_pages: bool) -> None:
+            def post_qkv(rows: int, write_pages: bool) -> None:
                 L.launch_qkv_rope_append(
-                    qkv, lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, pos, eps, q, self.kv,
+                    qkv[:rows], lw.bqkv, lw.q_norm, lw.k_norm, self.cos, self.sin, pos, eps, q[:rows], self.kv,
                     (kp.fmt_id, table[0], kp.codes, kp.scales), (vp.fmt_id, table[1], vp.codes, vp.scales),
                     gscale, write_pages, s, f16=f16)
 
             if not cache.calibrated[i]:  # the layer's first chunk: fp32 K/V fix the 4-bit scales first
-                post_qkv(False)
+                rows = min(T, self.kv.shape[1])  # its first CALIB_TOKENS
+                post_qkv(rows, False)
                 L.launch_kv_gscale(self.kv, pos, cache.two_level_dev[i], gscale, self.kv_amax, s)
                 cache.calibrated[i] = True
-            post_qkv(True)
+            post_qkv(T, True)
             # graphs plan attention for the arena's capacity: every cache that replays them fits it
             at, plan_len = (pos, cache.capacity) if pos0 is None else (pos0, None)
             paged_attention_cuda(q, o, at, self.sm_scale, kp.fmt_id, kp.codes, kp.scales, vp.fmt_id, vp.codes,
