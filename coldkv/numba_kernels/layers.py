@@ -43,6 +43,11 @@ ROW_THREADS = 128  # threads a block for the row kernels
 ROW_WARPS = 4  # = ROW_THREADS // 32 (array shapes in kernels must be plain constants)
 WARPS = 4  # warps per block of the per-(token, head) kernel
 MAX_HEAD_DIM = 256
+# Array indices in the row kernels are unsigned: Numba wraps a negative signed index (a 64-bit
+# compare and select per access), and with the 64-bit address arithmetic that made rms_norm,
+# qkv_rope_append and swiglu issue-bound on the ALU pipe (ncu, H100 at 2ffeb58:
+# bench/results/logs/ncu_layers_h100_2ffeb58.txt). rms_norm's SASS: 1048 -> 624 instructions.
+U32 = np.uint32
 RMS_VPL = 16  # most values of a row one thread of rms_norm_kernel holds
 MAX_ROW = 1024 * RMS_VPL  # longest row rms_norm_kernel takes (a block of 1024 threads)
 ROWS_IN_FLIGHT = 4  # rows an elementwise kernel's thread loads before it stores any
@@ -156,14 +161,14 @@ def rms_norm_kernel(R: int, VPL: int, F16: bool = False):
     @cuda_kernel
     def rms_norm(x, w, eps, out):
         tid = cuda.threadIdx.x
-        row = cuda.blockIdx.x * RPB + tid // R
-        i = tid % R
+        row = U32(cuda.blockIdx.x * RPB + tid // R)  # unsigned indices: see U32
+        i = U32(tid % R)
         T, n = x.shape
         live = row < T  # no early return: a row of several warps meets at a barrier
         v = cuda.local.array(VPL, np.float32)
         wv = cuda.local.array(VPL, np.float32)
         for j in range(VPL):
-            c = i + R * j
+            c = i + U32(R * j)
             v[j] = x[row, c] if live and c < n else np.float32(0.0)
             wv[j] = w[c] if c < n else np.float32(0.0)
         ss = np.float32(0.0)
@@ -181,7 +186,7 @@ def rms_norm_kernel(R: int, VPL: int, F16: bool = False):
         inv = np.float32(1.0) / math.sqrt(ss / np.float32(n) + np.float32(eps))
         if live:
             for j in range(VPL):
-                c = i + R * j
+                c = i + U32(R * j)
                 if c < n:
                     out[row, c] = enc(v[j] * inv * wv[j])
 
@@ -233,7 +238,7 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
         half the lanes idle in the encode)."""
         if fmt == BF16:
             for j in range(NV):
-                codes[page, row, lane + 32 * j] = bf16_enc(vals[j])
+                codes[page, row, U32(lane + 32 * j)] = bf16_enc(vals[j])
             return
         if fmt == INT8:  # one scale for the row
             amax = np.float32(0.0)
@@ -242,28 +247,28 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
             amax = _lanes_max(amax, 32)
             scale, inv = int8_row_scale(amax)
             if lane == 0:
-                scales[page, row, 0] = scale
+                scales[page, row, U32(0)] = scale
             for j in range(NV):
-                codes[page, row, lane + 32 * j] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
+                codes[page, row, U32(lane + 32 * j)] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
             return
         for j in range(NV):  # nvfp4 / iso3
-            tbuf[lane + 32 * j] = vals[j]
+            tbuf[U32(lane + 32 * j)] = vals[j]
         cuda.syncwarp()
         c0 = VL * lane
         live = c0 < ROW
         x = cuda.local.array(VL, np.float32)
         amax = np.float32(0.0)
         for i in range(VL):
-            x[i] = tbuf[c0 + i] if live else np.float32(0.0)
+            x[i] = tbuf[U32(c0 + i)] if live else np.float32(0.0)
             amax = max(amax, abs_or_inf(x[i]))
         amax = _lanes_max(amax, GL)
         sb = group_scale(fmt, amax, g)
         if live:
             if lane % GL == 0:
-                scales[page, row, c0 >> 4] = sb
+                scales[page, row, U32(c0 >> 4)] = sb
             m = group_mult(sb, g)
             for i in range(VL // 2):
-                codes[page, row, (c0 >> 1) + i] = encode_pair(fmt, x[2 * i], x[2 * i + 1], m, sb)
+                codes[page, row, U32((c0 >> 1) + i)] = encode_pair(fmt, x[2 * i], x[2 * i + 1], m, sb)
 
     @cuda_kernel
     def qkv_rope_append(qkv, bias, q_norm, k_norm, cos, sin, pos, eps, q_out, kv_out,
@@ -285,27 +290,27 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
         # group waited for the one before (norm weights after the norm's shuffles, then cos/sin)
         vals = cuda.local.array(NV, np.float32)
         for j in range(NV):
-            vals[j] = dec(qkv[t, s * D + lane + 32 * j])
+            vals[j] = dec(qkv[U32(t), U32(s * D + lane + 32 * j)])
         w = q_norm if s < Hq else k_norm
         wv = cuda.local.array(NV, np.float32)
         if normed:
             for j in range(NV):
-                wv[j] = w[lane + 32 * j]
+                wv[j] = w[U32(lane + 32 * j)]
         co = cuda.local.array(HALF, np.float32)
         si = cuda.local.array(HALF, np.float32)
         if rotated:
             for j in range(HALF):
-                co[j] = cos[p, lane + 32 * j]
-                si[j] = sin[p, lane + 32 * j]
+                co[j] = cos[U32(p), U32(lane + 32 * j)]
+                si[j] = sin[U32(p), U32(lane + 32 * j)]
         P = k_codes.shape[1] if plane == 0 else v_codes.shape[1]
         lp = 0  # the page-table column: K/V rows that go into pages only (q warps skip the division)
         page = -1
         if s >= Hq and write_pages != 0:
             lp = p // P
-            page = (k_table if plane == 0 else v_table)[h, lp]
+            page = (k_table if plane == 0 else v_table)[U32(h), U32(lp)]
         if bias.shape[0] > 0:
             for j in range(NV):
-                vals[j] += bias[s * D + lane + 32 * j]
+                vals[j] += bias[U32(s * D + lane + 32 * j)]
         if normed:
             ss = np.float32(0.0)
             for j in range(NV):
@@ -321,19 +326,19 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
                 vals[j + HALF] = x2 * co[j] + x1 * si[j]
         if s < Hq:
             for j in range(NV):
-                q_out[t, s, lane + 32 * j] = vals[j]
+                q_out[U32(t), U32(s), U32(lane + 32 * j)] = vals[j]
             return
         if write_pages == 0:
             for j in range(NV):
-                kv_out[plane, t, h, lane + 32 * j] = vals[j]
+                kv_out[U32(plane), U32(t), U32(h), U32(lane + 32 * j)] = vals[j]
             return
         if page < 0:  # the host maps every position before the launch; a kernel cannot raise
             return
         tbuf = cuda.shared.array((WARPS, ROW), np.float32)[cuda.threadIdx.x // 32]  # [D]: this warp's row
         if plane == 0:
-            append_row(k_fmt, vals, gscale[0, h], page, p - lp * P, k_codes, k_scales, lane, tbuf)
+            append_row(k_fmt, vals, gscale[0, U32(h)], U32(page), U32(p - lp * P), k_codes, k_scales, lane, tbuf)
         else:
-            append_row(v_fmt, vals, gscale[1, h], page, p - lp * P, v_codes, v_scales, lane, tbuf)
+            append_row(v_fmt, vals, gscale[1, U32(h)], U32(page), U32(p - lp * P), v_codes, v_scales, lane, tbuf)
 
     return qkv_rope_append
 
@@ -410,13 +415,13 @@ def swiglu_kernel(F16: bool):
             for t0 in range(cuda.blockIdx.y * ROWS_IN_FLIGHT, T, cuda.gridDim.y * ROWS_IN_FLIGHT):
                 for k in range(ROWS_IN_FLIGHT):
                     live = t0 + k < T
-                    g[k] = gu[t0 + k, c] if live else np.uint32(0)
-                    u[k] = gu[t0 + k, n + c] if live else np.uint32(0)
+                    g[k] = gu[U32(t0 + k), U32(c)] if live else np.uint32(0)
+                    u[k] = gu[U32(t0 + k), U32(n + c)] if live else np.uint32(0)
                 for k in range(ROWS_IN_FLIGHT):
                     if t0 + k < T:
                         lo = act(dec(np.uint16(g[k] & 0xFFFF)), dec(np.uint16(u[k] & 0xFFFF)))
                         hi = act(dec(np.uint16(g[k] >> 16)), dec(np.uint16(u[k] >> 16)))
-                        out[t0 + k, c] = np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+                        out[U32(t0 + k), U32(c)] = np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
 
     return swiglu
 
