@@ -46,7 +46,7 @@ MAX_HEAD_DIM = 256
 # Array indices in the row kernels are unsigned: Numba wraps a negative signed index (a 64-bit
 # compare and select per access), and with the 64-bit address arithmetic that made rms_norm,
 # qkv_rope_append and swiglu issue-bound on the ALU pipe (ncu, H100 at 2ffeb58:
-# bench/results/logs/ncu_layers_h100_2ffeb58.txt). rms_norm's SASS: 1048 -> 624 instructions.
+# bench/results/logs/ncu_layers_h100_2ffeb58.txt). rms_norm's SASS at n 384: 1048 -> 592 instructions.
 U32 = np.uint32
 RMS_VPL = 16  # most values of a row one thread of rms_norm_kernel holds
 MAX_ROW = 1024 * RMS_VPL  # longest row rms_norm_kernel takes (a block of 1024 threads)
