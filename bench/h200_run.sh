@@ -64,7 +64,7 @@ has tests && TESTS=tests/
 # compile workers a bench starts (benchutil.compile_in_workers): fewer while the suite's 12 run
 J=$([ -n "$TESTS" ] && echo 3 || echo 8)
 if [ -n "$TESTS" ]; then
-  timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider $TESTS \
+  timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v --durations=30 -p no:cacheprovider $TESTS \
     > "$OUT/gpu_pytest_$C.log" 2>&1 &  # -v: a timeout cutting a -q run loses the failing names
   W=$!
 fi
