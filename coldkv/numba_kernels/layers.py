@@ -247,7 +247,7 @@ def qkv_rope_append_kernel(NV: int, F16: bool = False):
             amax = _lanes_max(amax, 32)
             scale, inv = int8_row_scale(amax)
             if lane == 0:
-                scales[page, row, U32(0)] = scale
+                scales[page, row, 0] = scale
             for j in range(NV):
                 codes[page, row, U32(lane + 32 * j)] = int8_enc(vals[j], inv) if inv > np.float32(0.0) else 0
             return

@@ -192,9 +192,9 @@ def load_backend(model_dir: Path, device: str = "auto", page_tokens: int = 64,
     if name == "cuda":
         from numba.cuda.cudadrv.driver import CudaAPIError
 
-        from coldkv.runtime.cuda_backend import PAD_QUANTUM, CUDABackend
+        from coldkv.runtime.cuda_backend import CUDABackend, cache_tokens
 
-        rows = None if prefill_chunk is None else -(-prefill_chunk // PAD_QUANTUM) * PAD_QUANTUM
+        rows = None if prefill_chunk is None else cache_tokens(prefill_chunk)  # whole PAD_QUANTUMs
         try:
             return CUDABackend(model_dir, page_tokens=page_tokens, prefill_chunk=rows), note
         except CudaAPIError as exc:  # e.g. out of memory while uploading the weights
