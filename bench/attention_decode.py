@@ -294,17 +294,23 @@ def sdpa_step(torch, Hq, H, L, D):
     return lambda: torch.nn.functional.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)
 
 
-def event_time(torch, fn, flush, repeats, spin_cycles=4_000_000):
+def event_time(torch, fn, flush, repeats, spin_cycles=4_000_000, clean=False):
     """Median microseconds of fn() between CUDA events, each after an L2 flush; + CPU enqueue us.
     After the flush the GPU spins for spin_cycles (~2 ms at 1980 MHz, torch.cuda._sleep) so that
     it is still busy when the host has enqueued fn: the flush alone lasts ~250 us, and a prefill
-    launch from Python takes up to ~650 us (H100 at 35b3f2e), whose excess was timed as kernel time."""
+    launch from Python takes up to ~650 us (H100 at 35b3f2e), whose excess was timed as kernel time.
+    The flush writes the 1 GiB `flush` (zero_), or with clean reads it (sum): a written flush leaves
+    L2 full of dirty lines (50 MB on the H100), whose write-back to DRAM then lands inside fn's
+    interval; a read one leaves it clean, as a decode step finds it after the weight GEMMs."""
     fn()
     fn()
     torch.cuda.synchronize()
     times, cpu = [], []
     for _ in range(repeats):
-        flush.zero_()
+        if clean:
+            flush.sum()
+        else:
+            flush.zero_()
         torch.cuda._sleep(spin_cycles)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
@@ -431,19 +437,21 @@ def main():
         for L in args.contexts:
             try:
                 sdpa = sdpa_step(torch, Hq, H, L, D)
-                t_sdpa, _ = event_time(torch, sdpa, flush, args.repeats)
+                t_sdpa, _ = event_time(torch, sdpa, flush, args.repeats, clean=True)
+                t_sdpa_dirty, _ = event_time(torch, sdpa, flush, args.repeats)
                 clk_sdpa = (clocks_under_load(sdpa, 0.3, torch.cuda.synchronize)
                             if args.clocks else None)
                 del sdpa
             except Exception as exc:
                 doc["errors"].append(f"sdpa {Hq}/{H}/{D} L={L}: {exc!r}")
-                t_sdpa, clk_sdpa = float("nan"), None
+                t_sdpa, t_sdpa_dirty, clk_sdpa = float("nan"), float("nan"), None
             names = list(args.formats)
             if (Hq, H, D) == shapes[0] and L in args.variant_contexts:
                 names += DEFAULT_VARIANTS
             for name in names:
                 rec = {"format": name, "context": L, "q_heads": Hq, "kv_heads": H, "head_dim": D,
-                       "sdpa_bf16_us": t_sdpa, **({"sdpa_clocks": clk_sdpa} if args.clocks else {})}
+                       "sdpa_bf16_us": t_sdpa, "sdpa_bf16_us_dirty_l2": t_sdpa_dirty,
+                       **({"sdpa_clocks": clk_sdpa} if args.clocks else {})}
                 try:
                     c = Case(torch, name, L, Hq, H, D, seed=L + D)
                     c.run()
@@ -457,7 +465,7 @@ def main():
                     rec["max_bound"] = 1e-4 * max(scale, 1.0) + float(extra.max())
                     tol = 1e-4 * max(scale, 1.0) + extra
                     rec["valid"] = bool(torch.isfinite(got).all()) and bool(((got - ref).abs() <= tol).all())
-                    t, cpu = event_time(torch, c.run, flush, args.repeats)
+                    t, cpu = event_time(torch, c.run, flush, args.repeats, clean=True)
                     if args.clocks:  # the SM clock the kernel ran at (nvfp4 decode is ALU-bound, SDPA is not)
                         rec["clocks"] = clocks_under_load(c.run, 0.3, torch.cuda.synchronize)
                     try:  # CUDA-graph replay: the GPU time without Python launch cost
@@ -470,8 +478,10 @@ def main():
                                 gout = c.result().double()
                                 rec["graph_valid"] = bool(torch.isfinite(gout).all()) and bool(
                                     ((gout - ref).abs() <= tol).all())
-                                tg, _ = event_time(torch, replay, flush, args.repeats)
-                            rec.update({"coldkv_us": tg, "speedup": t_sdpa / tg})
+                                tg, _ = event_time(torch, replay, flush, args.repeats, clean=True)
+                                tgd, _ = event_time(torch, replay, flush, args.repeats)
+                            rec.update({"coldkv_us": tg, "speedup": t_sdpa / tg, "coldkv_us_dirty_l2": tgd,
+                                        "speedup_dirty_l2": t_sdpa_dirty / tgd})
                         finally:
                             destroy()
                     except Exception as exc:
