@@ -88,8 +88,6 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # at 128 registers (the 4-bit formats' default at 32/8/128, for shapes `_MMA_TUNED` lacks); "notm" the
 # default's knobs without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28;
 # timed at ffa233c on the H100: 1-2% slower at every context, e.g. nvfp4 87.0 against 85.5 us at 131072).
-# "pf1" / "pf2" the default with each warp prefetching its page 1 / 2 ahead into L2 (cp.async.bulk.prefetch,
-# session 40), "bulkpf1" the bulk ring with it.
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -107,8 +105,6 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
        "nobulk": {"kernel": "mma", "mma_bulk": False},
        "pdl": {"kernel": "mma", "mma_pdl": True},
-       "pf1": {"kernel": "mma", "mma_l2pf": 1}, "pf2": {"kernel": "mma", "mma_l2pf": 2},
-       "bulkpf1": {"kernel": "mma", "mma_bulk": True, "mma_l2pf": 1},
        "tm": {"kernel": "mma", "mma_tm": True}, "notm": {"kernel": "mma", "mma_tm": False}, "tmnobulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": False},
        "bulkt4": {"kernel": "mma", "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
        "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},

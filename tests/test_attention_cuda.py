@@ -117,8 +117,6 @@ def _kernel_kw(kernel):
             "mma_notm": {"kernel": "mma", "mma_tm": False},  # the 4-bit formats' default is tm at G 4 / 6
             # the split merge as a programmatic dependent launch of the decode kernel
             "mma_pdl": {"kernel": "mma", "mma_pdl": True},
-            # each warp prefetches its pages two ahead into L2
-            "mma_l2pf": {"kernel": "mma", "mma_l2pf": 2},
             "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
             # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
             "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
@@ -395,17 +393,6 @@ def test_dependent_launch_of_the_merge_equals_plain():
     the plain launch (here the simulator's sequential launches; test_gpu_decode_dependent_launch
     on the device, where the merge really starts under the attention kernel's tail)."""
     _decode_builds_equal(Q.NVFP4, Q.INT8, 40, 8, 3, [{"mma_pdl": False}, {"mma_pdl": True}], holes=[(0, 2)])
-
-
-def test_l2_prefetch_decode_equals_plain():
-    """mma_l2pf: lane 0 prefetches the page l2pf ahead into L2 as its warp enters a page (a cache
-    hint, nothing here): the same outputs through the plain and the ring loops, with holes.
-    The prefetch reads the table only for the warp's own pages: three ahead, the last warp's would
-    index past the table here (make_cache's has 2 spare pages; test_gpu_decode_l2_prefetch on the
-    device)."""
-    for loop in ({}, {"mma_bulk": True}):  # (the pipelined loop calls it as the ring does)
-        _decode_builds_equal(Q.INT8, Q.NVFP4, 100, 16, 5, [loop, {**loop, "mma_l2pf": 3}], holes=[(0, 2), (1, 5)],
-                             splits=4)
 
 
 @pytest.mark.parametrize("kname,vname", [("nvfp4", "int8"), pytest.param("int8", "iso3", marks=SIM_SLOW)])
@@ -779,19 +766,6 @@ def test_gpu_decode_dependent_launch(kname, vname, G, D):
     check(*res)
     _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{}] + [{"mma_pdl": True}] * 4,
                          holes=[(0, 2), (1, 5), (0, 60)])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kname,vname,G,D", [("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128),
-                                             ("bf16", "bf16", 4, 128), ("iso3", "int8", 2, 64)])
-def test_gpu_decode_l2_prefetch(kname, vname, G, D):
-    """Pages prefetched into L2 two ahead (mma_l2pf) change no value: against the reference, and
-    bitwise the default build's over a cache with holes."""
-    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
-                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_l2pf")
-    check(*res)
-    _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{}, {"mma_l2pf": 1}, {"mma_l2pf": 2}],
-                         holes=[(0, 2), (1, 5), (0, 60)], G=G, D=D, splits=4)
 
 
 @pytest.mark.gpu

@@ -54,7 +54,7 @@ from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
     SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e2m1_pair, e4m3x2, ex2, griddep_launch, ldg2, ldg4, lds2, lds4,
     mbar_arrive_tx, mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16,
-    pack_f16, prefetch_l2, prmt)
+    pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -146,7 +146,7 @@ def supports_k8(kf: int, G: int, D: int) -> bool:
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
            pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False, tm: bool = False,
-           pdl: bool = False, l2pf: int = 0):
+           pdl: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -216,10 +216,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     # bulk + tm: each 16-token step's K (and V) words are read from the stage right before its MMAs
     # instead of the whole chunk's into registers first, so registers do not grow with the chunk
     STREAM = BULK and TM
-    # l2pf: one lane starts an L2 prefetch (cp.async.bulk.prefetch.L2) of the page l2pf ahead as its
-    # warp enters a page, so more DRAM reads are in flight than a chunk's loads (int8 waits on them:
-    # kernels.md "Where each kernel stands"). Needs rows of a multiple of 16 bytes a page.
-    PF = int(l2pf)
     KT, VT = (2, 1) if STREAM else (NT, NT2)  # K tiles / V steps held in registers at a time
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
@@ -624,20 +620,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             bulk_g2s(ring, sb + SKW + SVW + SKS, v_scales, vr * VSR, nvs, bars, bi)
 
     @cuda.jit(device=True, inline=True)
-    def prefetch_page(table, h, p, p_end, k_words, k_scales, v_words, v_scales, P):
-        """(l2pf, one lane) Page p's K and V codes and scales into L2, if p < p_end and both are allocated."""
-        if p < p_end:
-            pk = i64(table[0, h, IX(p)])
-            pv = i64(table[1, h, IX(p)])
-            if pk >= 0 and pv >= 0:
-                prefetch_l2(k_words, pk * P * RWK, u32(P * RWK * 4))
-                prefetch_l2(v_words, pv * P * RWV, u32(P * RWV * 4))
-                if KSR:
-                    prefetch_l2(k_scales, pk * P * KSR, u32(P * KSR * 4))
-                if VSR:
-                    prefetch_l2(v_scales, pv * P * VSR, u32(P * VSR * 4))
-
-    @cuda.jit(device=True, inline=True)
     def m_st(ring, arr, off, i, x):
         """The block merge's float32 arr[i] = x, or with bulk its bits at the ring's word off + i (reused)."""
         if BULK:
@@ -759,9 +741,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         else:
             ring = cuda.shared.array(RING, np.uint32, alignment=16)
         bars = cuda.shared.array(NBAR, np.uint64)  # (bulk) [warp, stage]
-        if PF and lane == 0:  # the pages between the first and the one its entry prefetches
-            for i in range(1, PF):
-                prefetch_page(table, h, p_begin + i, p_end, k_words, k_scales, v_words, v_scales, P)
 
         if BULK:
             wb = warp * STG  # this warp's stages and their mbarriers
@@ -776,8 +755,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
             c0 = 0
             it = 0
             while p < p_end:  # (p, c0) the chunk of stage it & 1, (p1, c1) the next one
-                if PF and c0 == 0 and lane == 0:
-                    prefetch_page(table, h, p + PF, p_end, k_words, k_scales, v_words, v_scales, P)
                 p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
                     cuda.syncwarp()  # every lane is done with the stage the next chunk overwrites
@@ -808,8 +785,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 load_v(v_words, v_scales, vreg, vsc, vrs, pv * P, 0, nval - 1, tig, gid, 0, 0, 0)
             c0 = 0
             while p < p_end:  # (p, c0) the chunk in registers, (p1, c1) the next one
-                if PF and c0 == 0 and lane == 0:
-                    prefetch_page(table, h, p + PF, p_end, k_words, k_scales, v_words, v_scales, P)
                 k_phase(qa, kreg, ksc, krs, sv, kc, c0, nval, tig, gid, ql, ring, 0)
                 p1, c1, pk1, pv1, nval1 = next_chunk(table, h, p, c0, pk, pv, nval, p_end, L, P)
                 if p1 < p_end:
@@ -820,8 +795,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
                 p, c0, pk, pv, nval = p1, c1, pk1, pv1, nval1
         else:
             for p in range(p_begin, p_end):
-                if PF and lane == 0:
-                    prefetch_page(table, h, p + PF, p_end, k_words, k_scales, v_words, v_scales, P)
                 pk = i64(table[0, h, IX(p)])
                 pv = i64(table[1, h, IX(p)])
                 if pk < 0 or pv < 0:
@@ -890,9 +863,9 @@ _KERNELS: dict = {}
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
                u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False,
-               tm: bool = False, pdl: bool = False, l2pf: int = 0):
+               tm: bool = False, pdl: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem), bool(bulk), bool(tm), bool(pdl), int(l2pf))
+           bool(qsmem), bool(bulk), bool(tm), bool(pdl))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -935,13 +908,7 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True), kernel_sig(NVFP4, NVFP4, True)),
             (get_kernel(INT8, ISO3, 2, 64, bulk=True, k8=True), kernel_sig(INT8, ISO3)),
-            (get_kernel(BF16, ISO3, 6, 64, nt=4, tm=True), kernel_sig(BF16, ISO3)),
-            # pages prefetched into L2 (l2pf): the plain, ring and pipelined loops
-            (get_kernel(INT8, INT8, 4, 128, True, max_registers=128, k8=True, qsmem=True, l2pf=1),
-             kernel_sig(INT8, INT8, True)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True, tm=True, l2pf=2),
-             kernel_sig(NVFP4, NVFP4, True)),
-            (get_kernel(BF16, BF16, 4, 128, True, pipe=True, l2pf=1), kernel_sig(BF16, BF16, True))]
+            (get_kernel(BF16, ISO3, 6, 64, nt=4, tm=True), kernel_sig(BF16, ISO3))]
     return out, more
 
 

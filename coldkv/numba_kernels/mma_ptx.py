@@ -328,24 +328,6 @@ def bulk_g2s(typingctx, sarr, sidx, garr, gidx, nbytes, bars, bidx):
     return types.none(sarr, sidx, garr, gidx, nbytes, bars, bidx), codegen
 
 
-@intrinsic
-def prefetch_l2(typingctx, garr, gidx, nbytes):
-    """cp.async.bulk.prefetch.L2: start reading nbytes (a multiple of 16; the address 16-byte aligned)
-    of garr[gidx..] (element index) into L2, so a later load of them waits on L2, not DRAM. No
-    registers, no completion to wait for (the decode kernel's pages ahead, `l2pf`)."""
-    def codegen(context, builder, sig, args):
-        g = context.make_array(sig.args[0])(context, builder, args[0])
-        i64 = ir.IntType(64)
-        src = builder.ptrtoint(builder.gep(g.data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i64)
-        n = context.cast(builder, args[2], sig.args[2], types.uint32)
-        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, ir.IntType(32)]),
-                                  "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}", side_effect=True),
-                     [src, n])
-        return context.get_dummy_value()
-
-    return types.none(garr, gidx, nbytes), codegen
-
-
 def _lds(n):
     """ld.shared.v{n}.u32 of arr[idx .. idx + n) (idx a multiple of n); volatile, so LLVM keeps it
     after the barrier wait that guards the bytes."""
@@ -635,4 +617,3 @@ if SIMULATED:
     mbar_init, mbar_arrive_tx, mbar_wait, bulk_g2s = _sim_mbar_init, _sim_mbar_arrive_tx, _sim_mbar_wait, _sim_bulk_g2s
     mbar_fence_init, lds2, lds4 = _sim_nop, _sim_ldg(2), _sim_ldg(4)
     griddep_launch = griddep_wait = _sim_nop  # the simulator runs launches one after another
-    prefetch_l2 = lambda garr, gidx, nbytes: None  # noqa: E731 (a cache hint: nothing to emulate)
