@@ -87,8 +87,7 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # through the ring (the 4-bit formats' default at 24/4/256 since c22a5fb), "tmb128" tm through the ring
 # at 128 registers (the 4-bit formats' default at 32/8/128, for shapes `_MMA_TUNED` lacks); "notm" the
 # default's knobs without tm; "pdl" the default with the split merge as a programmatic dependent launch (session 28;
-# timed at ffa233c on the H100: 1-2% slower at every context, e.g. nvfp4 87.0 against 85.5 us at 131072);
-# "early" the default with the first chunk's reads started before q's setup (session 40).
+# timed at ffa233c on the H100: 1-2% slower at every context, e.g. nvfp4 87.0 against 85.5 us at 131072).
 _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0": {"kernel": "mma", "max_registers": 0},
        "r128": {"kernel": "mma", "max_registers": 128}, "t4": {"kernel": "mma", "mma_tiles": 4},
        "p": {"kernel": "mma", "mma_pipe": True, "max_registers": 0},
@@ -106,7 +105,6 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
        "nobulk": {"kernel": "mma", "mma_bulk": False},
        "pdl": {"kernel": "mma", "mma_pdl": True},
-       "early": {"kernel": "mma", "mma_early": True},
        "tm": {"kernel": "mma", "mma_tm": True}, "notm": {"kernel": "mma", "mma_tm": False}, "tmnobulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": False},
        "bulkt4": {"kernel": "mma", "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},
        "tmbulkt4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128},

@@ -101,7 +101,7 @@ def main() -> None:
             k8 = kw.get("mma_k8", True) and AM.supports_k8(f, args.G, args.D)
             try:
                 kern = AM.get_kernel(f, f, args.G, args.D, True, tiles, cap, kw.get("mma_u64", True), pipe, k8,
-                                     qsmem, bulk, tm, kw.get("mma_pdl", False), kw.get("mma_early", False))
+                                     qsmem, bulk, tm, kw.get("mma_pdl", False))
             except ValueError as exc:  # a build this format / shape does not have
                 print(f"{name:6s} G {args.G} d {args.D} {build:8s} {exc}", flush=True)
                 continue

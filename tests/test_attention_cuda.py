@@ -117,8 +117,6 @@ def _kernel_kw(kernel):
             "mma_notm": {"kernel": "mma", "mma_tm": False},  # the 4-bit formats' default is tm at G 4 / 6
             # the split merge as a programmatic dependent launch of the decode kernel
             "mma_pdl": {"kernel": "mma", "mma_pdl": True},
-            # the first chunk's reads started before q's setup
-            "mma_early": {"kernel": "mma", "mma_early": True},
             "mma_tm_bulk": {"kernel": "mma", "mma_tm": True, "mma_bulk": True},
             # the same with 32-token chunks through the ring, at 128 registers (bench's tmbulkt4)
             "mma_tm_t4": {"kernel": "mma", "mma_tm": True, "mma_bulk": True, "mma_tiles": 4,
@@ -395,15 +393,6 @@ def test_dependent_launch_of_the_merge_equals_plain():
     the plain launch (here the simulator's sequential launches; test_gpu_decode_dependent_launch
     on the device, where the merge really starts under the attention kernel's tail)."""
     _decode_builds_equal(Q.NVFP4, Q.INT8, 40, 8, 3, [{"mma_pdl": False}, {"mma_pdl": True}], holes=[(0, 2)])
-
-
-def test_early_first_chunk_decode_equals_plain():
-    """mma_early: the first chunk's reads start before q's setup (the ring's first copies, or an L2
-    prefetch of its lines, a cache hint: nothing here). The same outputs through the plain and the
-    ring loops, the first pages of two warps missing (test_gpu_decode_early on the device)."""
-    for loop in ({}, {"mma_bulk": True}):
-        _decode_builds_equal(Q.INT8, Q.NVFP4, 100, 16, 5, [loop, {**loop, "mma_early": True}],
-                             holes=[(0, 0), (1, 2)], splits=4)
 
 
 @pytest.mark.parametrize("kname,vname", [("nvfp4", "int8"), pytest.param("int8", "iso3", marks=SIM_SLOW)])
@@ -777,19 +766,6 @@ def test_gpu_decode_dependent_launch(kname, vname, G, D):
     check(*res)
     _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{}] + [{"mma_pdl": True}] * 4,
                          holes=[(0, 2), (1, 5), (0, 60)])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kname,vname,G,D", [("int8", "int8", 4, 128), ("nvfp4", "nvfp4", 4, 128),
-                                             ("bf16", "bf16", 4, 128), ("iso3", "int8", 2, 64)])
-def test_gpu_decode_early(kname, vname, G, D):
-    """The first chunk's reads started before q's setup (mma_early) change no value: against the
-    reference, and bitwise the default build's over a cache with holes (first pages included)."""
-    res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=20000 + 17, H=2, P=64, seed=G + D,
-                   ws=A.AttentionWorkspace(1024, 1, G * 2, D), kernel="mma_early")
-    check(*res)
-    _decode_builds_equal(FMTS[kname], FMTS[vname], 3000 + 7, 32, 4, [{}, {"mma_early": True}],
-                         holes=[(0, 0), (1, 5), (0, 60)], G=G, D=D, splits=4)
 
 
 @pytest.mark.gpu

@@ -882,7 +882,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_s_ahead=None, mma_qsmem=None, mma_bulk=None,
                          mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=None, mma_q_regs=None,
-                         mma_wide_loads=None, mma_depth=None, mma_early=False):
+                         mma_wide_loads=None, mma_depth=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -929,7 +929,6 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_pdl: the decode kernel's split merge as a programmatic dependent launch (launch.py: its
     launch and block start-up under the attention kernel's last blocks; sm_90+, else an error).
     Off by default: 1-2% slower at every context on the H100 (ffa233c, docs/kernels.md Decode 1).
-    mma_early: the decode kernel starts its first chunk's reads before q's setup (attention_mma's early).
 
     prefill_scratch: None, or (K, V) flat uint32 device arrays of >= pool rows x D / 2 words: with
     the "fa" prefill kernel, nvfp4/iso3 planes are first decoded once into them
@@ -1044,7 +1043,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                              "programmatic_stream_serialization")
         def build(dp: bool, tiles: int):  # the decode kernel of these knobs, device position dp
             return attention_mma.get_kernel(k_fmt, v_fmt, G, D, dp, tiles, max_registers, mma_u64, mma_pipe, k8,
-                                            mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl), bool(mma_early))
+                                            mma_qsmem, bool(mma_bulk), mma_tm, bool(mma_pdl))
 
         kern = build(devpos, mma_tiles)
         # planned from the device-position build (the graphs' kernel): an int-position launch gets the

@@ -54,7 +54,7 @@ from coldkv.numba_kernels.fp import bits_f32, f32_bits
 from coldkv.numba_kernels.mma_ptx import (  # noqa: F401 (_sim_install: attention_cuda)
     SIMULATED, _asm, _sim_install, bulk_g2s, dec_i8, e2m1_pair, e4m3x2, ex2, griddep_launch, ldg2, ldg4, lds2, lds4,
     mbar_arrive_tx, mbar_fence_init, mbar_init, mbar_wait, mma_bf16, mma_f16, mma_s8, movm_t, mul_f16x2, pack_bf16,
-    pack_f16, prefetch_line, prmt)
+    pack_f16, prmt)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 
 NWARPS = 4
@@ -146,7 +146,7 @@ def supports_k8(kf: int, G: int, D: int) -> bool:
 
 def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_registers=None, u64: bool = True,
            pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False, tm: bool = False,
-           pdl: bool = False, early: bool = False):
+           pdl: bool = False):
     NS = D // 16  # k16 steps of the K phase = 16-dim tiles of the V phase
     RWK, RWV = D // _VPW[kf], D // _VPW[vf]  # 32-bit code words per row
     SW = D // 64  # E4M3 scale words per row (4-bit formats)
@@ -216,10 +216,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
     # bulk + tm: each 16-token step's K (and V) words are read from the stage right before its MMAs
     # instead of the whole chunk's into registers first, so registers do not grow with the chunk
     STREAM = BULK and TM
-    # early: the first chunk's reads start before q's setup instead of after it (the ring's first
-    # copies; else an L2 prefetch of its lines), so their latency hides under it: a block's fixed
-    # start is pos -> table -> chunk, then q (kernels.md Decode 1).
-    EARLY = bool(early)
     KT, VT = (2, 1) if STREAM else (NT, NT2)  # K tiles / V steps held in registers at a time
     # Global indices as uint64 (the default: drops Numba's negative-index wraparound, a compare +
     # select per access) or int64.
@@ -662,31 +658,6 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         ppw = ((pos0 + cuda.gridDim.x + P - 1) // P + nsplit - 1) // nsplit
         p_begin = split * ppw
         p_end = min(p_begin + ppw, npages)
-        if SIMULATED:  # (the simulator refuses an alignment)
-            ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; the merge reuses it
-        else:
-            ring = cuda.shared.array(RING, np.uint32, alignment=16)
-        bars = cuda.shared.array(NBAR, np.uint64)  # (bulk) [warp, stage]
-        wb = warp * STG  # (bulk) this warp's stages and their mbarriers
-        if EARLY:
-            p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
-            if BULK:
-                if lane == 0:
-                    for st in range(STG):
-                        mbar_init(bars, wb + st, 1)
-                    mbar_fence_init()
-                cuda.syncwarp()
-                if p < p_end and lane == 0:
-                    issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
-            elif p < p_end:  # a 128-byte line a lane
-                for w in range(lane * 32, CH * RWK, 32 * 32):
-                    prefetch_line(k_words, pk * P * RWK + w)
-                for w in range(lane * 32, CH * RWV, 32 * 32):
-                    prefetch_line(v_words, pv * P * RWV + w)
-                if lane == 0 and KSR:
-                    prefetch_line(k_scales, pk * P * KSR)
-                if lane == 1 and VSR:
-                    prefetch_line(v_scales, pv * P * VSR)
 
         # ---- q as the A operand (rows g = gid, rows 8..15 zero), dims in the order of the K decode
         qsm = cuda.shared.array(QSA, np.uint32)  # (qsmem) [warp, ..., lane]
@@ -765,17 +736,22 @@ def _build(kf: int, vf: int, G: int, D: int, devpos: bool, nt: int = 0, max_regi
         vreg = cuda.local.array((VT, 4, VW), np.uint32)
         vsc = cuda.local.array((VT, 4, SW), np.uint32)
         vrs = cuda.local.array((VT, 4), np.float32)
+        if SIMULATED:  # (the simulator refuses an alignment)
+            ring = cuda.shared.array(RING, np.uint32)  # (bulk) [warp, stage, STW words]; the merge reuses it
+        else:
+            ring = cuda.shared.array(RING, np.uint32, alignment=16)
+        bars = cuda.shared.array(NBAR, np.uint64)  # (bulk) [warp, stage]
 
         if BULK:
-            if not EARLY:
-                if lane == 0:
-                    for st in range(STG):
-                        mbar_init(bars, wb + st, 1)
-                    mbar_fence_init()
-                cuda.syncwarp()
-                p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
-                if p < p_end and lane == 0:
-                    issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
+            wb = warp * STG  # this warp's stages and their mbarriers
+            if lane == 0:
+                for st in range(STG):
+                    mbar_init(bars, wb + st, 1)
+                mbar_fence_init()
+            cuda.syncwarp()
+            p, pk, pv, nval = first_chunk(table, h, p_begin, p_end, L, P)
+            if p < p_end and lane == 0:
+                issue(ring, bars, wb, wb * STW, k_words, k_scales, v_words, v_scales, pk, pv, P, 0, nval)
             c0 = 0
             it = 0
             while p < p_end:  # (p, c0) the chunk of stage it & 1, (p1, c1) the next one
@@ -887,9 +863,9 @@ _KERNELS: dict = {}
 
 def get_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, nt: int = 0, max_registers=None,
                u64: bool = True, pipe: bool = False, k8: bool = False, qsmem: bool = False, bulk: bool = False,
-               tm: bool = False, pdl: bool = False, early: bool = False):
+               tm: bool = False, pdl: bool = False):
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), int(nt), max_registers, bool(u64), bool(pipe), bool(k8),
-           bool(qsmem), bool(bulk), bool(tm), bool(pdl), bool(early))
+           bool(qsmem), bool(bulk), bool(tm), bool(pdl))
     if key not in _KERNELS:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_mma: unsupported K={kf} V={vf} G={G} D={D}")
@@ -932,12 +908,7 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_kernel(INT8, INT8, 4, 128, True, max_registers=96, k8=True, qsmem=True), kernel_sig(INT8, INT8, True)),
             (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True), kernel_sig(NVFP4, NVFP4, True)),
             (get_kernel(INT8, ISO3, 2, 64, bulk=True, k8=True), kernel_sig(INT8, ISO3)),
-            (get_kernel(BF16, ISO3, 6, 64, nt=4, tm=True), kernel_sig(BF16, ISO3)),
-            # the first chunk's reads before q's setup (early): the plain loop, the ring
-            (get_kernel(INT8, INT8, 4, 128, True, max_registers=128, k8=True, qsmem=True, early=True),
-             kernel_sig(INT8, INT8, True)),
-            (get_kernel(NVFP4, NVFP4, 4, 128, True, max_registers=128, bulk=True, tm=True, early=True),
-             kernel_sig(NVFP4, NVFP4, True))]
+            (get_kernel(BF16, ISO3, 6, 64, nt=4, tm=True), kernel_sig(BF16, ISO3))]
     return out, more
 
 

@@ -328,21 +328,6 @@ def bulk_g2s(typingctx, sarr, sidx, garr, gidx, nbytes, bars, bidx):
     return types.none(sarr, sidx, garr, gidx, nbytes, bars, bidx), codegen
 
 
-@intrinsic
-def prefetch_line(typingctx, garr, gidx):
-    """prefetch.global.L2: start reading the 128-byte line of garr[gidx] (element index) into L2; no
-    register waits for it (the decode kernel's first chunk, read while q is set up: `early`)."""
-    def codegen(context, builder, sig, args):
-        g = context.make_array(sig.args[0])(context, builder, args[0])
-        i64 = ir.IntType(64)
-        src = builder.ptrtoint(builder.gep(g.data, [context.cast(builder, args[1], sig.args[1], types.int64)]), i64)
-        builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64]), "prefetch.global.L2 [$0];", "l,~{memory}",
-                                  side_effect=True), [src])
-        return context.get_dummy_value()
-
-    return types.none(garr, gidx), codegen
-
-
 def _lds(n):
     """ld.shared.v{n}.u32 of arr[idx .. idx + n) (idx a multiple of n); volatile, so LLVM keeps it
     after the barrier wait that guards the bytes."""
@@ -632,4 +617,3 @@ if SIMULATED:
     mbar_init, mbar_arrive_tx, mbar_wait, bulk_g2s = _sim_mbar_init, _sim_mbar_arrive_tx, _sim_mbar_wait, _sim_bulk_g2s
     mbar_fence_init, lds2, lds4 = _sim_nop, _sim_ldg(2), _sim_ldg(4)
     griddep_launch = griddep_wait = _sim_nop  # the simulator runs launches one after another
-    prefetch_line = lambda garr, gidx: None  # noqa: E731 (a cache hint: nothing to emulate)
