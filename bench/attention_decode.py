@@ -9,8 +9,12 @@ filled on the device with random codes and scales (random shuffled block table),
   1. validate: coldkv's output vs a float64 torch attention over the same pages dequantized by
      torch code written here from the format definitions (an independent decoder);
   2. time coldkv (attention kernel + split reduction) and SDPA (`enable_gqa=True`) on bf16 K/V
-     of the same shape: CUDA events around each call, an L2 flush (1 GiB fill) before each, the
-     median of --repeats after warm-up. After the flush the GPU spins ~2 ms (event_time) so the
+     of the same shape: CUDA events around each call, an L2 flush (reading 1 GiB) before each, the
+     median of --repeats after warm-up. Until session 40 the flush wrote the 1 GiB (zero_), which
+     leaves L2 full of dirty lines whose write-back then lands in the timed call (~10 us for SDPA,
+     5-10 for coldkv on the H100 at 587c757); a decode step finds L2 clean after the weight GEMMs.
+     Every row still carries that timing too: `sdpa_bf16_us_dirty_l2`, `coldkv_us_dirty_l2`,
+     `speedup_dirty_l2` (comparable with files before session 40). After the flush the GPU spins ~2 ms (event_time) so the
      host's launch (`enqueue_us`, 400-650 us from Python) is enqueued before the start event
      fires; until 35b3f2e only the flush's ~250 us covered it and the excess was timed. Each row
      is also timed as a CUDA-graph replay of the same call (device-position mode), which has no

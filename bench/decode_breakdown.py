@@ -5,7 +5,8 @@
 Fitting bench/attention_decode.py's rows (time = a + b * tokens) gives an intercept of ~22 us for
 nvfp4 and ~20 us for SDPA on the H100 (29ea3c3), so at 131072 tokens a quarter of the step is not
 reading pages. For each format and context this times, each as a CUDA-graph replay after an L2
-flush (attention_decode.event_time, the way the grid times its rows):
+flush that reads (attention_decode.event_time's clean, the way the grid times its rows since
+session 40; files before it flushed by writing, which adds the dirty lines' write-back):
   full       the attention kernel and the split reduce (what the grid reports)
   attention  the attention kernel alone (the reduce replaced by nothing during the capture)
   reduce     the reduce alone, over the partials the attention kernel left
@@ -46,7 +47,7 @@ def time_graph(torch, launch, flush, repeats):
     s, replay, destroy = capture_graph(torch, launch)
     try:
         with torch.cuda.stream(s):
-            return event_time(torch, replay, flush, repeats)[0]
+            return event_time(torch, replay, flush, repeats, clean=True)[0]
     finally:
         destroy()
 
@@ -117,7 +118,7 @@ def main():
     print(f"floor {doc['floor_us']:.1f} us", flush=True)
     Hq, H, D = shape
     for L in args.contexts:
-        t_sdpa = event_time(torch, sdpa_step(torch, Hq, H, L, D), flush, args.repeats)[0]
+        t_sdpa = event_time(torch, sdpa_step(torch, Hq, H, L, D), flush, args.repeats, clean=True)[0]
         for name in args.formats:
             for sp in args.splits:
                 for w in args.waves:
