@@ -32,6 +32,9 @@
 #   breakdown bench/decode_breakdown.py, a decode step's fixed cost: the step, the attention kernel alone
 #             and the split merge alone (nvfp4, int8, bf16 at 4096 / 32768 / 131072; ~40 s)
 #   wgmma     bench/wgmma_probe.py (a process per case, ~1-2 min)
+#   ncu_decode  ncu of the decode attention kernel, int8 and nvfp4 at 131072 tokens, 32/8/128: stalls, pipes,
+#             and the SMs' active cycles min / avg / max against the elapsed ones (is the step's fixed
+#             cost idle SMs at the start and tail? kernels.md Decode 1; ~1 min)
 #   ncu_layers  ncu stall reasons and pipe use of rms_norm, qkv_rope_append (nvfp4 pages and the calibration
 #             pass) and swiglu at one 8192-token chunk (bench/ncu_stalls.sh --layers; ~2 min)
 # The benches compile their kernels in worker processes first (--jobs: 8, or 3 beside the suite;
@@ -133,6 +136,8 @@ has breakdown && [ $(left) -gt 60 ] && timeout $(( $(left) < 150 ? $(left) : 150
 save
 has wgmma && [ $(left) -gt 30 ] && timeout $(( $(left) < 150 ? $(left) : 150 )) python3 bench/wgmma_probe.py \
   --commit "$C" --out "$OUT/wgmma_probe.json" > "$OUT/wgmma.log" 2>&1
+save
+has ncu_decode && [ $(left) -gt 60 ] && timeout $(left) bash bench/ncu_stalls.sh int8 nvfp4 > "$OUT/ncu_decode.txt" 2>&1
 save
 has ncu_layers && [ $(left) -gt 60 ] && timeout $(left) bash bench/ncu_stalls.sh --layers rms_norm \
   qkv_rope_append:nvfp4 qkv_calib swiglu > "$OUT/ncu_layers.txt" 2>&1

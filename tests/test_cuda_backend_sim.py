@@ -54,11 +54,12 @@ def _table(backend, name):
 def test_prefill_chunks_equal_one_pass(backend):
     """Chunked prefill gives the logits of one forward pass over the prompt: a padded last chunk; a
     second, longer prompt that grows the staging buffers; a cache of exactly the prompt's page, where
-    the last chunk's padding does not fit and that chunk runs unpadded."""
+    the last chunk's padding does not fit and that chunk runs unpadded; a one-chunk prompt (its ids
+    and position copied straight into the pass's buffers)."""
     from coldkv.runtime.kv_cache_cuda import DevicePagedKVCache
 
     table, a = _table(backend, "int8"), backend.args
-    for n, chunk, exact in ((12, 5, False), (20, 8, False), (64, 48, True)):
+    for n, chunk, exact in ((12, 5, False), (20, 8, False), (64, 48, True), (7, 16, False)):
         prompt = np.arange(3, 3 + n) % backend.args.vocab_size
         cache = (DevicePagedKVCache(table, a.num_key_value_heads, a.head_dim, n, backend.page_tokens) if exact
                  else backend.new_cache(table, 40))

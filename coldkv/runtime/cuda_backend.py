@@ -338,18 +338,21 @@ class CUDABackend:
         ids_host, tok_dev, pos_host, pos_dev = self._prompt_buffers(m, nc)
         ids_host[:n], ids_host[n:m] = tokens, 0
         pos_host[:nc] = [(pos0 + st, T) for st, T in zip(starts, sizes)]  # first position, valid tokens
-        tok_dev[:m].copy_to_device(ids_host[:m], stream=s)
-        pos_dev[:nc].copy_to_device(pos_host[:nc], stream=s)
+        graphed = [R <= self.max_chunk and pos0 + st + R <= cache.capacity for st, R in zip(starts, rows)]
+        direct = nc == 1 and graphed[0]  # one graphed pass: its ids and position go straight to the graph's
+        if not direct:  # buffers (two copies fewer, each ~0.1 ms of host time: kernels.md Prefill 0 (a))
+            tok_dev[:m].copy_to_device(ids_host[:m], stream=s)
+            pos_dev[:nc].copy_to_device(pos_host[:nc], stream=s)
         report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
         for c, (start, T, R) in enumerate(zip(starts, sizes, rows)):
             last = c == len(starts) - 1
-            if R <= self.max_chunk and pos0 + start + R <= cache.capacity:
+            if graphed[c]:
                 # R rows (T tokens, then padding): graph replay, ids and position copied in. The
                 # padding's K/V land past the cache's length (pages it holds; unallocated ones
                 # are skipped) and are overwritten by the next tokens; no valid row attends to them.
-                self.tok[:R].copy_to_device(tok_dev[start:start + R], stream=s)
-                self.pos.copy_to_device(pos_dev[c], stream=s)
+                self.tok[:R].copy_to_device(ids_host[:R] if direct else tok_dev[start:start + R], stream=s)
+                self.pos.copy_to_device(pos_host[0] if direct else pos_dev[c], stream=s)
                 self._graphed_step(R, cache, None)
                 out = self._head(T, False) if last else None
             else:  # a chunk whose padding would not fit (a cache made elsewhere): launched one by one
