@@ -14,9 +14,10 @@ filled on the device with random codes and scales (random shuffled block table),
      leaves L2 full of dirty lines whose write-back then lands in the timed call (~10 us for SDPA,
      5-10 for coldkv on the H100 at 587c757); a decode step finds L2 clean after the weight GEMMs.
      Every row still carries that timing too: `sdpa_bf16_us_dirty_l2`, `coldkv_us_dirty_l2`,
-     `speedup_dirty_l2` (comparable with files before session 40). After the flush the GPU spins ~2 ms (event_time) so the
-     host's launch (`enqueue_us`, 400-650 us from Python) is enqueued before the start event
-     fires; until 35b3f2e only the flush's ~250 us covered it and the excess was timed. Each row
+     `speedup_dirty_l2` (comparable with files before session 40). After the flush the GPU spins
+     ~2 ms (event_time) so the host's launch (`enqueue_us`, 400-650 us from Python) is enqueued
+     before the start event fires; until 35b3f2e only the flush's ~250 us covered it and the
+     excess was timed. Each row
      is also timed as a CUDA-graph replay of the same call (device-position mode), which has no
      Python in it and is how the engine runs a decode step: that is `coldkv_us` (and `speedup`,
      `frac_copy_bw`), the number reported against SDPA. The eager call is `coldkv_eager_us`: the same kernels, but

@@ -339,8 +339,10 @@ class CUDABackend:
         ids_host[:n], ids_host[n:m] = tokens, 0
         pos_host[:nc] = [(pos0 + st, T) for st, T in zip(starts, sizes)]  # first position, valid tokens
         graphed = [R <= self.max_chunk and pos0 + st + R <= cache.capacity for st, R in zip(starts, rows)]
-        direct = nc == 1 and graphed[0]  # one graphed pass: its ids and position go straight to the graph's
-        if not direct:  # buffers (two copies fewer, each ~0.1 ms of host time: kernels.md Prefill 0 (a))
+        # one graphed pass: its ids and position go straight into the graph's buffers (two copies
+        # fewer before the first kernel: kernels.md Prefill 0 (a))
+        direct = nc == 1 and graphed[0]
+        if not direct:
             tok_dev[:m].copy_to_device(ids_host[:m], stream=s)
             pos_dev[:nc].copy_to_device(pos_host[:nc], stream=s)
         report = on_progress or (lambda done: None)
