@@ -21,6 +21,9 @@
 #   wide      at T 2048, nvfp4: wg8w3 (auto's since session 37: three tiles of loads in flight)
 #             against wg8w4 (four; session 37, not yet run) and wg8w (two); int8: wg8w (auto's) against
 #             wg8a; then generate at 32k, nvfp4, auto against wg8w4 (~200 s with --jobs: give it 260)
+#   bf16ws    bf16 K and V through the warp-specialized prefill (session 40, not yet GPU-run): the gpu tests
+#             of the ws kernels, then at T 2048 wg8a (auto's for bf16) against wg8w3 and wg8w4, then
+#             generate at 32k, bf16, auto against wg8w3 and wg8w4 (~4 min)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -104,6 +107,18 @@ if has wide; then
     --out "$OUT/attention_prefill_wide_int8.json" >> "$OUT/prefill_wide.log" 2>&1
   save
 fi
+if has bf16ws; then
+  timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider \
+    tests/test_attention_cuda.py -k "warp_specialized or prefill_device_position" > "$OUT/gpu_pytest_bf16ws_$C.log" 2>&1
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths wg8a wg8w3 wg8w4 --formats bf16 --repeats 5 \
+    --out "$OUT/attention_prefill_bf16ws.json" > "$OUT/prefill_bf16ws.log" 2>&1
+  save
+  [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
+    --tables bf16 --prefill-attention auto,wg8w3,wg8w4 --repeats 3 --no-launch-ab \
+    --out "$OUT/generate_32k_bf16ws.json" > "$OUT/generate_bf16ws.log" 2>&1
+  save
+fi
 wait
 save
 has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
@@ -156,7 +171,9 @@ grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" "$OUT/prefill_wide.log" 2>/dev/null
-grep '^{' "$OUT/generate_wide.log" 2>/dev/null | cut -c1-300
+grep '^{' "$OUT/generate_wide.log" "$OUT/generate_bf16ws.log" 2>/dev/null | cut -c1-300
+grep -h " us valid" "$OUT/prefill_bf16ws.log" 2>/dev/null
+tail -n 2 "$OUT/gpu_pytest_bf16ws_$C.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
 grep -E '^(floor|\{)' "$OUT/breakdown.log" 2>/dev/null | cut -c1-240

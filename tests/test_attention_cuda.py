@@ -280,7 +280,12 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     pytest.param("mma_wg8w", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
     # the 2nd warpgroup past the chunk; 2 items a row at d 64
     pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
-    pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])
+    pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
+    # bf16 planes by cp.async into the buffer once it is free: both (three tiles in flight), K only
+    # (four: each tile handed over before the next one's loads), V only (two)
+    pytest.param("mma_wg8w3", "bf16", "bf16", 2, 128, 12, 420, 512, marks=SIM_SLOW),
+    pytest.param("mma_wg8w4", "bf16", "int8", 2, 128, 12, 420, 512, marks=SIM_SLOW),
+    pytest.param("mma_wg8w", "nvfp4", "bf16", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])
 def test_warp_specialized_prefill_emulated(kernel, kname, vname, G, D, T, L, P):
     """wg8w: the producer warpgroup decodes tiles into a ring of WS_STAGES buffers and the two
     consumer warpgroups take them, by named barriers, which the simulator runs for real and which
@@ -343,8 +348,8 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
 
     with pytest.raises(ValueError, match="head_dim <= 128"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 256, kind="wg")
-    with pytest.raises(ValueError, match="warp-specialized"):  # its producer decodes code words only
-        AP.get_prefill_kernel(Q.BF16, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True)
+    with pytest.raises(ValueError, match="warp-specialized"):  # its producer loads codes, not pre-decoded rows
+        AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, pre=(True, True))
     with pytest.raises(ValueError, match="whole warpgroups"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=6)
     with pytest.raises(ValueError, match="2 to 4 tiles"):
@@ -863,7 +868,9 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "nvfp4", 2, 128, 2048, 9000, 64),
                                                    ("int8", "int8", 2, 128, 700, 6000, 64),
                                                    ("int8", "iso3", 4, 64, 300, 1000, 16),
-                                                   ("iso3", "nvfp4", 2, 128, 100, 5000, 32)])
+                                                   ("iso3", "nvfp4", 2, 128, 100, 5000, 32),
+                                                   ("bf16", "bf16", 2, 128, 2048, 9000, 64),
+                                                   ("bf16", "nvfp4", 4, 64, 300, 1000, 16)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
     """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
     wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 / wg8w4 (three / four tiles of

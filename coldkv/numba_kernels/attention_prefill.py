@@ -20,7 +20,7 @@ from coldkv.numba_kernels.attention_cuda import TO16_FP16, _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.fp import bf16_enc, f16_enc
 from coldkv.numba_kernels.mma_ptx import (
-    SIMULATED, cp_async16_zfill, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t,
+    SIMULATED, cp_async16_zfill, cp_async_commit, cp_async_wait, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t,
     mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, setmaxnreg, wgmma,
@@ -93,11 +93,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
     while their simulator case passed).
 
-    ws (wg, W 8, K and V int8 / nvfp4 / iso3 codes): warp-specialized (FA3's producer / consumer
-    split; `attn_ws`). A fifth warpgroup loads and decodes the tiles into a ring of WS_STAGES
-    buffers while the two consumer warpgroups only multiply and run the softmax, so no warp waits
-    at a block-wide barrier and the decode runs under the MMAs. Buffers are handed over by named
+    ws (wg, W 8, planes not pre-decoded): warp-specialized (FA3's producer / consumer split;
+    `attn_ws`). A fifth warpgroup loads and decodes the tiles into a ring of WS_STAGES buffers
+    while the two consumer warpgroups only multiply and run the softmax, so no warp waits at a
+    block-wide barrier and the decode runs under the MMAs. Buffers are handed over by named
     barriers: FULL(b) (the producer arrives, the consumers sync) and EMPTY(b) (the other way).
+    A bf16 plane's rows go by cp.async straight into the buffer, so with one the producer waits
+    at EMPTY before it issues a tile's loads (not before it decodes them) and hands tile t over
+    before it issues tile t + depth - 1 (session 40, not yet GPU-run).
     Each consumer issues S of tile i + 1 together with O += P V of tile i and runs tile i + 1's
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
     tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
@@ -110,9 +113,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
         raise ValueError("attention_prefill: the wgmma kernel needs head_dim <= 128 and whole warpgroups")
-    if ws and (not wg or W != 8 or pingpong or BF16 in (kf, vf) or pre[0] or pre[1]):
+    if ws and (not wg or W != 8 or pingpong or pre[0] or pre[1]):
         raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
-                         "K and V int8 / nvfp4 / iso3 codes")
+                         "no ping-pong, planes not pre-decoded")
     if depth not in (2, 3, 4) or (depth != 2 and not ws):
         raise ValueError("attention_prefill: the producer has 2 to 4 tiles of loads in flight (ws only)")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
@@ -141,6 +144,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     CW = 2 * IC if I8 else IC + 1  # registers an item: its code words (int8: 2 a chunk), then (4-bit) the scale word
     NIR = NC // IC  # items a row
     NF = depth  # WS producer: tiles of loads in flight
+    # WS with a bf16 plane: its loads are cp.async into the tile's buffer (a group a tile)
+    COPY = WS and BF16 in (kf, vf)
+    copies_landed = cp_async_wait[max(NF - 2, 0)]  # (COPY) the oldest of NF - 1 groups has landed
     BUFW = CHB * RS
     PP = wg and pingpong and W == 8
     SA = wg and s_ahead and not PP and not WS
@@ -811,10 +817,18 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                    out16, to16)
 
     @cuda.jit(device=True, inline=True)
-    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kl, ke, key0, c, slot, sarr):
-        """WS producer: the rows of the tile at key kl and its code words into a slot's registers
-        (sarr: a shared array issue_k / issue_v take, unused: code words go to registers)."""
+    def ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, slot, KS, VS, t):
+        """WS producer: the rows of tile t (at key kb + t CHB) and its code words into a slot's
+        registers; a bf16 plane's rows by cp.async into the tile's buffer, once the consumers are
+        done with it (COPY: the caller commits the group)."""
         rk, rv, okb, kreg, vreg, krs, vrs = slot
+        kl = kb + t * CHB
+        base = u32(0)
+        if COPY:
+            b = t % NBUF
+            if t >= NBUF:
+                bar_sync(1 + NBUF + b, TH_ALL)
+            base = u32(b * BUFW)
         if fastp and not holes and kl + CHB <= ke:  # the common tile (as in attn_mma_fa)
             pg = kl // P
             rk0 = i64(table[0, h, IX(pg)]) * P + (kl - pg * P) + key0
@@ -823,20 +837,24 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 rk[j] = rk0 + KPI * j
                 rv[j] = rv0 + KPI * j
                 okb[j] = 1
-            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, True)
-            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, True)
+            issue_k(k_words, k_scales, KS, base, rk, kreg, krs, c, key0, True)
+            issue_v(v_words, v_scales, VS, base, rv, vreg, vrs, c, key0, True)
         else:
             item_rows(table, h, P, fastp, kl, ke, kl // P, kl % P, key0, rk, rv, okb)
-            issue_k(k_words, k_scales, sarr, 0, rk, kreg, krs, c, key0, False)
-            issue_v(v_words, v_scales, sarr, 0, rv, vreg, vrs, c, key0, False)
+            issue_k(k_words, k_scales, KS, base, rk, kreg, krs, c, key0, False)
+            issue_v(v_words, v_scales, VS, base, rv, vreg, vrs, c, key0, False)
 
     @cuda.jit(device=True, inline=True)
     def ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot):
         """WS producer: wait until the consumers are done with tile t's buffer (its last use was
-        tile t - WS_STAGES), decode tile t from a slot's registers into it and hand it over."""
+        tile t - WS_STAGES; COPY: ws_fetch waited, and tile t's cp.async group is waited for here:
+        groups t + 1 .. t + NF - 2 may be in flight), decode tile t from a slot's registers into it
+        and hand it over."""
         _, _, okb, kreg, vreg, krs, vrs = slot
         b = t % NBUF
-        if t >= NBUF:
+        if COPY:
+            copies_landed()
+        elif t >= NBUF:
             bar_sync(1 + NBUF + b, TH_ALL)
         put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
         fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
@@ -854,12 +872,22 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     def ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS, VS, ksr,
                 vsr, kval, key0, c, ahead, slot, lead):
         """WS producer: the loads of tile t + NF - 1 into slot `ahead`, then tile t from `slot` (lead:
-        t is known to be a tile)."""
-        if t + NF - 1 < ntiles:
-            ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + (t + NF - 1) * CHB, ke,
-                     key0, c, ahead, KS)
-        if lead or t < ntiles:
-            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
+        t is known to be a tile). COPY: tile t first, since tile t + NF - 1's loads wait for the
+        consumers to free its buffer, which they do only once tile t has landed (with NF 4); one
+        cp.async group a step, empty past the last tile, so tile t is always group t."""
+        if COPY:
+            if lead or t < ntiles:
+                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
+            if t + NF - 1 < ntiles:
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, ahead,
+                         KS, VS, t + NF - 1)
+            cp_async_commit()
+        else:
+            if t + NF - 1 < ntiles:
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, ahead,
+                         KS, VS, t + NF - 1)
+            if lead or t < ntiles:
+                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
 
     @jit
     def attn_ws(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16, to16):
@@ -915,13 +943,22 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             s2 = ws_slot()
             s3 = ws_slot()
             if ntiles > 0:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS)
-            if NF >= 3 and ntiles > 1:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + CHB, ke, key0, c, s1,
-                         KS)
-            if NF == 4 and ntiles > 2:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb + 2 * CHB, ke, key0, c,
-                         s2, KS)
+                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS, VS,
+                         0)
+            if COPY:
+                cp_async_commit()
+            if NF >= 3:
+                if ntiles > 1:
+                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s1,
+                             KS, VS, 1)
+                if COPY:
+                    cp_async_commit()
+            if NF == 4:
+                if ntiles > 2:
+                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s2,
+                             KS, VS, 2)
+                if COPY:
+                    cp_async_commit()
             for tn in range((ntiles + NF - 1) // NF):  # the slots in turn (unrolled by hand: registers)
                 t = NF * tn
                 if NF == 2:
@@ -1206,7 +1243,12 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=4,
                                  **wg8a), prefill_sig(NVFP4, ISO3, True)),
              (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
-              prefill_sig(INT8, INT8, True))]
+              prefill_sig(INT8, INT8, True)),
+             # bf16 planes by cp.async in the producer: both, at depth 3; one, at depth 4
+             (get_prefill_kernel(BF16, BF16, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3, **wg8a),
+              prefill_sig(BF16, BF16, True)),
+             (get_prefill_kernel(BF16, INT8, 2, 128, True, ws=True, q_regs=True, depth=4, **wg8a),
+              prefill_sig(BF16, INT8, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
 
