@@ -911,8 +911,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_pingpong ("wg" with 8 warps: the warpgroups take turns on the tensor cores) / mma_pv_async
     ("wg": O += P V runs on under the next tile's decode) / mma_s_ahead ("wg": Q in shared memory,
     S of the next tile issued before this tile's softmax) (both None: auto's choice when the kernel
-    and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps and int8 / 4-bit K and V: a producer
-    warpgroup decodes the tiles, attention_prefill's attn_ws) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
+    and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps: a producer
+    warpgroup loads and decodes the tiles, attention_prefill's attn_ws; bf16 planes since session 40) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
     Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and K and V both
     4-bit or both int8, the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 or 4 tiles
     of loads in flight in the producer instead of 2): tuning knobs of the benchmark
