@@ -20,8 +20,8 @@ from coldkv.numba_kernels.attention_cuda import TO16_FP16, _pos_dev, _pos_int
 from coldkv.numba_kernels.attention_mma import _LAZY, _NEG_INF, _VPW, NWARPS, kernel_sig, supports
 from coldkv.numba_kernels.fp import bf16_enc, f16_enc
 from coldkv.numba_kernels.mma_ptx import (
-    SIMULATED, cp_async16_zfill, cp_async_commit, cp_async_wait, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8, e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t,
-    mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
+    SIMULATED, cp_async16_zfill, cp_async_commit, cp_async_wait, cp_async_wait_all, dec4_e2m1, dec8_iso3, dec_i8,
+    e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, setmaxnreg, wgmma,
                                              wgmma_ss, wgmma_wait, wgmma_wait_acc)
