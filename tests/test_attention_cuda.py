@@ -230,7 +230,7 @@ def test_prefill_chunk_causal(T, L):
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     ("mma", "nvfp4", "nvfp4", 2, 64, 1, 20, 16),  # decode kernel
     ("mma", "iso3", "nvfp4", 4, 64, 1, 37, 16),
-    ("mma", "nvfp4", "iso3", 3, 192, 1, 45, 8),  # (32-token chunks, mma_t4: -m slow)
+    pytest.param("mma", "nvfp4", "iso3", 3, 192, 1, 45, 8, marks=SIM_SLOW),  # ~22 s (32-token chunks: mma_t4)
     ("mma", "int8", "iso3", 1, 256, 1, 40, 16),
     ("mma", "nvfp4", "int8", 4, 64, 1, 120, 8),  # 4 blocks, warps merged per block, one warp empty
     ("mma_pipe", "int8", "iso3", 2, 64, 1, 134, 32),  # software-pipelined: 2 chunks per page, part pages
@@ -515,7 +515,7 @@ def test_e2m1_operands_are_the_format():
     assert np.array_equal(prod.astype(np.float16).astype(np.float64), prod)
 
 
-@pytest.mark.parametrize("T", [1, 130])  # 130 x 2 rows: the warp-per-row kernel of prefill chunks
+@pytest.mark.parametrize("T", [1, pytest.param(130, marks=SIM_SLOW)])  # 130 x 2 rows: the rows kernel (~30 s)
 def test_reduce_empty_splits_change_nothing(monkeypatch, T):
     """A launch planned for a longer cache (plan_len: what the backend's captured prefill and
     decode graphs do) has more splits, the extra ones past the end empty (m = -inf, acc never
