@@ -21,7 +21,7 @@ import pytest
 from coldkv.numba_kernels import KERNEL_MODULES
 
 ROOT = Path(__file__).resolve().parents[1]
-_SHARDS = {"attention_prefill": 2}  # 15 wgmma / mma.sync kernels, ~1.7 min on one core
+_SHARDS = {"attention_prefill": 4, "attention_mma": 2}  # ~225 / ~100 s on one core: short shards pack better
 PTX_MODULES = [f"coldkv.numba_kernels.{m}" + (f":{i}/{n}" if n > 1 else "")
                for m in KERNEL_MODULES for n in [_SHARDS.get(m, 1)] for i in range(n)]
 
