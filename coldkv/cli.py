@@ -83,9 +83,9 @@ def generate(
                                            "of streaming.")] = False,
     prefill_chunk: Annotated[Optional[int], typer.Option(
         "--prefill-chunk", min=1, help="Prompt tokens per prefill step (default: 512 on the CPU; on CUDA 2048-32768 "
-        "by model and GPU: the bundled model takes 32768 on an H100/H200, 4096-8192 on other GPUs). On CUDA a step's buffers grow with it (the bundled model: "
-        "~32 KB a token); the 4-bit KV scales are calibrated on the first step (on CUDA, its first 8192 "
-        "tokens).")] = None,
+        "by model and GPU: the bundled model takes 32768 on an H100/H200, 4096-8192 on other GPUs). On CUDA a "
+        "step's buffers grow with it (the bundled model: ~32 KB a token); the 4-bit KV scales are calibrated on "
+        "the first step (on CUDA, its first 8192 tokens).")] = None,
     threads: Annotated[int, typer.Option("--threads", min=0, help="CPU backend: BLAS threads (0 = the BLAS "
                                          "default; 1 is often fastest on small or busy machines).")] = 0,
 ) -> None:

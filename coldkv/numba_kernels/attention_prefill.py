@@ -875,19 +875,16 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         t is known to be a tile). COPY: tile t first, since tile t + NF - 1's loads wait for the
         consumers to free its buffer, which they do only once tile t has landed (with NF 4); one
         cp.async group a step, empty past the last tile, so tile t is always group t."""
+        put = lead or t < ntiles
+        if COPY and put:
+            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
+        if t + NF - 1 < ntiles:
+            ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, ahead,
+                     KS, VS, t + NF - 1)
         if COPY:
-            if lead or t < ntiles:
-                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
-            if t + NF - 1 < ntiles:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, ahead,
-                         KS, VS, t + NF - 1)
             cp_async_commit()
-        else:
-            if t + NF - 1 < ntiles:
-                ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, ahead,
-                         KS, VS, t + NF - 1)
-            if lead or t < ntiles:
-                ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
+        elif put:
+            ws_put(t, KS, VS, ksr, vsr, kval, key0, c, slot)
 
     @jit
     def attn_ws(q, pos, qscale, P, k_words, k_scales, v_words, v_scales, gscale, table, ws_acc, ws_ml, out16, to16):
