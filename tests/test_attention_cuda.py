@@ -801,10 +801,15 @@ def test_gpu_decode_tokens_on_rows(kernel, kname, vname, G, D):
 
 
 def test_long_splits_read_32_token_chunks():
-    """The rule: 32-token chunks for the measured 4-bit builds from 12 pages a warp, whole chunks of
-    a page only; every other build keeps its 16-token chunks."""
+    """The rule: 32-token chunks for the measured 4-bit builds from 12 pages a warp (nvfp4 from 8
+    on a GPU of more than 4 TB/s), whole chunks of a page only; every other build keeps its 16-token
+    chunks."""
     assert A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 12) and A.long_chunks(Q.ISO3, Q.ISO3, 4, 128, 32, 40)
     assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 11)
+    assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 8, 3.35)  # an H100
+    assert A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 8, 4.8)  # an H200
+    assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 64, 7, 4.8)
+    assert not A.long_chunks(Q.ISO3, Q.ISO3, 4, 128, 64, 8, 4.8)
     assert not A.long_chunks(Q.NVFP4, Q.NVFP4, 4, 128, 48, 40)  # a page of 1.5 chunks
     assert not any(A.long_chunks(kf, vf, G, D, 64, 40) for kf, vf, G, D in [
         (Q.INT8, Q.INT8, 4, 128), (Q.BF16, Q.BF16, 4, 128), (Q.NVFP4, Q.NVFP4, 6, 256), (Q.NVFP4, Q.ISO3, 4, 128)])
@@ -820,6 +825,13 @@ def test_gpu_decode_long_splits_read_32_token_chunks(fmt):
     t4 = {"mma_tm": True, "mma_bulk": True, "mma_tiles": 4, "max_registers": 128}
     got, q, kd, vd = _decode_builds_equal(f, f, L, 64, 21, [{}, t4, {"plan_len": L}], G=4, D=128, splits=64)
     check(got, *references(q, kd, vd, L - 1, 0.125, f, f, "mma_tm_t4"))
+
+
+@pytest.mark.gpu
+def test_gpu_dram_bandwidth_is_read():
+    """The peak DRAM bandwidth the long-chunk rule reads from the driver is a GPU's (H100 3.35,
+    H200 4.8 TB/s), not the 0.0 that keeps the H100's rule."""
+    assert 0.1 < A._dram_tbps() < 20.0
 
 
 @pytest.mark.gpu

@@ -610,6 +610,17 @@ def _sm_count() -> int:
         return 4
 
 
+@functools.cache
+def _dram_tbps() -> float:
+    """The current GPU's peak DRAM bandwidth in TB/s (double data rate x bus width); 0.0 where the
+    driver does not say (the simulator), which keeps the rules tuned on the H100."""
+    try:
+        dev = cuda.get_current_device()
+        return 2e3 * int(dev.MEMORY_CLOCK_RATE) * int(dev.GLOBAL_MEMORY_BUS_WIDTH) / 8 / 1e12
+    except Exception:
+        return 0.0
+
+
 def plan_splits(T: int, H: int, L_max: int, P: int, n_sm: int, max_splits: int, resident: int = 0):
     """(pages per warp, blocks per (t, kv head)): about 16 warps per SM over the whole grid, or,
     given `resident` (blocks of the kernel that fit on the GPU at once), at most one such wave:
@@ -705,17 +716,25 @@ _MMA_TUNED = {(BF16, BF16, 4, 128): (0, None, True, False, False, False),
 
 
 # Pages a warp from which `_MMA_TUNED`'s ring build reads 32-token chunks (mma_tiles 4) instead of
-# 16: H100, 32/8/128, pages of 64 (docs/kernels.md "Tokens on the MMA rows"): nvfp4 40.6 / 87.1 /
-# 182.0 us against 37.6 / 85.5 / 195.7 at 32768 / 131072 / 360000 tokens (2 / 8 / 22 pages a
-# warp), iso3 alike: the crossover is near 11 pages a warp.
-_LONG_CHUNKS = {(NVFP4, NVFP4, 4, 128): 12, (ISO3, ISO3, 4, 128): 12}
+# 16, on GPUs of up to / above FAST_DRAM_TBPS of DRAM bandwidth. H100 (3.35 TB/s), 32/8/128, pages of
+# 64 (docs/kernels.md "Tokens on the MMA rows"): nvfp4 40.6 / 87.1 / 182.0 us against 37.6 / 85.5 /
+# 195.7 at 32768 / 131072 / 360000 tokens (2 / 8 / 22 pages a warp), iso3 alike: the crossover is
+# near 11 pages a warp. H200 (4.8 TB/s), session 41, 131072 tokens (8 pages a warp): nvfp4 71.0
+# against 78.7 us (bench/results/logs/attention_decode_h200_131072_3ffcc11.json). Twice the bytes
+# in flight a warp pay sooner where the bandwidth x latency product is larger; fewer pages a warp,
+# and iso3, are not measured there, so they keep the H100's rule.
+FAST_DRAM_TBPS = 4.0
+_LONG_CHUNKS = {(NVFP4, NVFP4, 4, 128): (12, 8), (ISO3, ISO3, 4, 128): (12, 12)}
 
 
-def long_chunks(k_fmt, v_fmt, G: int, D: int, P: int, pages_per_warp: int) -> bool:
+def long_chunks(k_fmt, v_fmt, G: int, D: int, P: int, pages_per_warp: int, dram_tbps: float = 0.0) -> bool:
     """Whether `_MMA_TUNED`'s ring build (K, V, G, D) reads 32-token chunks for a split plan of
-    `pages_per_warp` pages of P tokens (`_LONG_CHUNKS`; the ring copies whole chunks of a page)."""
-    need = _LONG_CHUNKS.get((int(k_fmt), int(v_fmt), G, D), 0)
-    return bool(need) and pages_per_warp >= need and P % 32 == 0
+    `pages_per_warp` pages of P tokens on a GPU of `dram_tbps` (`_LONG_CHUNKS`; the ring copies
+    whole chunks of a page)."""
+    need = _LONG_CHUNKS.get((int(k_fmt), int(v_fmt), G, D))
+    if need is None or P % 32:
+        return False
+    return pages_per_warp >= need[dram_tbps > FAST_DRAM_TBPS]
 
 
 def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
@@ -1052,7 +1071,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         gsig = attention_mma.kernel_sig(k_fmt, v_fmt, True)
         resident = _resident_blocks(build(True, mma_tiles), gsig)
         ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits, resident)
-        if auto_build and mma_bulk and mma_tm and not mma_tiles and long_chunks(k_fmt, v_fmt, G, D, P, ppw):
+        if auto_build and mma_bulk and mma_tm and not mma_tiles and long_chunks(k_fmt, v_fmt, G, D, P, ppw, _dram_tbps()):
             # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp);
             # kept only with the same residency, hence the same plan: eager and graph add alike
             if _resident_blocks(build(True, 4), gsig) == resident:
