@@ -74,7 +74,9 @@ FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4
 # its first IMMA, one memory latency a chunk, where the default waits for K, then V, and qs96 for
 # K's two tiles one by one, then V), "qst4"
 # with 32-token chunks, uncapped (int8: 130 registers, 3 blocks, twice the loads in flight a warp),
-# "qsp" q in shared memory with software-pipelined loads (int8: 124 registers uncapped, no spill,
+# ("qst4r128" the same at 128 registers: 4 blocks; ptxas 13.0 in session 41: 32 B spilled, the
+# chunk loop 345 instructions a 16 tokens against the default's 386), "qsp" q in shared memory
+# with software-pipelined loads (int8: 124 registers uncapped, no spill,
 # so 4 blocks an SM with the next chunk's loads in flight; int8@p was 238 against 98 us at 6d7ef6e,
 # not understood). "bulk" the build of the default's knobs reading its pages through a ring of two
 # chunks a warp in shared memory, filled by cp.async.bulk (attention_mma bulk: the next chunk's bytes
@@ -105,6 +107,7 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
        "qs80": {"kernel": "mma", "mma_qsmem": True, "max_registers": 80},
        "qs128": {"kernel": "mma", "mma_qsmem": True, "max_registers": 128},
        "qst4": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 0},
+       "qst4r128": {"kernel": "mma", "mma_qsmem": True, "mma_tiles": 4, "max_registers": 128},
        "qsp": {"kernel": "mma", "mma_qsmem": True, "mma_pipe": True, "max_registers": 128},
        "bulk": {"kernel": "mma", "mma_bulk": True}, "bulk96": {"kernel": "mma", "mma_bulk": True, "max_registers": 96},
        "bulkr0": {"kernel": "mma", "mma_bulk": True, "max_registers": 0},
@@ -121,9 +124,12 @@ _VK = {"fma": {"kernel": "fma"}, "i64": {"kernel": "mma", "mma_u64": False}, "r0
 VARIANTS = {f"{f}@{v}": (f, kw) for f in FORMATS for v, kw in _VK.items()}  # any format@knob by name
 # what a run adds at --variant-contexts: the 4-bit formats before tm became their default (@notm, c22a5fb)
 # and before the bulk ring (@nobulk: now tm without it), int8 with the ring, and the 32-token-chunk tm
-# build (faster than tm at 360000 tokens, slower at 32768 on the H100 at 29ea3c3 and ffa233c)
+# build (faster than tm at 360000 tokens, slower at 32768 on the H100 at 29ea3c3 and ffa233c), and
+# int8 with more bytes in flight (session 41: on the H200 int8 reads at 0.76 of the copy bandwidth,
+# on the H100 at 0.95): 5 blocks an SM (qs96), 32-token chunks (qst4 at 3 blocks, qst4r128 at 4),
+# the next chunk's loads under this one's MMAs (qsp)
 DEFAULT_VARIANTS = ["nvfp4@notm", "iso3@notm", "nvfp4/iso3@notm", "nvfp4@nobulk", "int8@bulk", "nvfp4@tmbulkt4",
-                    "iso3@tmbulkt4"]
+                    "iso3@tmbulkt4", "int8@qs96", "int8@qst4", "int8@qst4r128", "int8@qsp"]
 SHAPES = [(32, 8, 128), (24, 4, 256)]
 CONTEXTS = [32768, 131072, 360000]
 P = 64
