@@ -1071,9 +1071,11 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         gsig = attention_mma.kernel_sig(k_fmt, v_fmt, True)
         resident = _resident_blocks(build(True, mma_tiles), gsig)
         ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits, resident)
-        if auto_build and mma_bulk and mma_tm and not mma_tiles and long_chunks(k_fmt, v_fmt, G, D, P, ppw, _dram_tbps()):
-            # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp);
-            # kept only with the same residency, hence the same plan: eager and graph add alike
+        long = long_chunks(k_fmt, v_fmt, G, D, P, ppw, _dram_tbps())
+        if auto_build and mma_bulk and mma_tm and not mma_tiles and long:
+            # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp on
+            # an H100, at 8 on an H200); kept only with the same residency, hence the same plan:
+            # eager and graph add alike
             if _resident_blocks(build(True, 4), gsig) == resident:
                 kern = build(devpos, 4)
         ksc = _flat(k_scales, np.uint32) if k_fmt in (NVFP4, ISO3) else _flat(k_scales)
