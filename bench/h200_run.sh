@@ -13,7 +13,8 @@
 #             suite still runs past 520 s)
 #   backend   only the CUDA backend's, the sampling kernel's and the kernel cache's gpu tests (when only
 #             the runtime changed)
-#   decode    bench/attention_decode.py, the decode grid (~60 s after the tests)
+#   decode    bench/attention_decode.py, the decode grid (~60 s after the tests; ~90 s since session 41 added
+#             four int8 variants at the three variant contexts)
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
