@@ -734,7 +734,8 @@ def long_chunks(k_fmt, v_fmt, G: int, D: int, P: int, pages_per_warp: int, dram_
     need = _LONG_CHUNKS.get((int(k_fmt), int(v_fmt), G, D))
     if need is None or P % 32:
         return False
-    return pages_per_warp >= need[dram_tbps > FAST_DRAM_TBPS]
+    h100, fast_dram = need
+    return pages_per_warp >= (fast_dram if dram_tbps > FAST_DRAM_TBPS else h100)
 
 
 def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=None, mma_pipe=None,
@@ -1071,8 +1072,8 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         gsig = attention_mma.kernel_sig(k_fmt, v_fmt, True)
         resident = _resident_blocks(build(True, mma_tiles), gsig)
         ppw, nblk = plan_splits(T, H, L_max, P, ws.n_sm, ws.max_splits, resident)
-        long = long_chunks(k_fmt, v_fmt, G, D, P, ppw, _dram_tbps())
-        if auto_build and mma_bulk and mma_tm and not mma_tiles and long:
+        if (auto_build and mma_bulk and mma_tm and not mma_tiles
+                and long_chunks(k_fmt, v_fmt, G, D, P, ppw, _dram_tbps())):
             # many pages a warp: the ring's 32-token chunks (measured faster from ~11 pages a warp on
             # an H100, at 8 on an H200); kept only with the same residency, hence the same plan:
             # eager and graph add alike
