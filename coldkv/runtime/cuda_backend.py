@@ -220,20 +220,22 @@ class CUDABackend:
         self.logits = dev((1, a.vocab_size), f32)
         self.logits_all = None  # [T, vocab], made on the first all_logits call
         self.logits_host = cuda.pinned_array((1, a.vocab_size), f32)
-        self.tok_host = cuda.pinned_array(T, np.int32)
-        self.tok = dev(T, np.int32)
-        self.pos_host = cuda.pinned_array(2, np.int32)
-        self.pos = dev(2, np.int32)  # the chunk's (first position, valid tokens), read by kernels (graph-safe)
+        # a pass's inputs, read by its kernels (graph-safe): the chunk's (first position, valid tokens),
+        # then its token ids, one buffer so that one copy uploads both
+        self.io_host = cuda.pinned_array(2 + T, np.int32)
+        self.io = dev(2 + T, np.int32)  # [2 + T]
+        self.pos_host, self.tok_host = self.io_host[:2], self.io_host[2:]
+        self.pos, self.tok = self.io[:2], self.io[2:]
         self.sample_params = dev(3, f32)  # temperature, top_k, top_p: numba_kernels/sampling.py
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
         # the drawn token's host copies: two, because decode_steps reads one while the next step's lands
         self.sample_host = cuda.pinned_array((2, 1), np.int32)
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
-        # a prompt's token ids and its chunks' (first position, valid tokens), pinned and on the
-        # device, grown to the longest prompt so far: a prefill allocates and frees nothing (a
-        # numba-deferred cuMemFree flushed mid-prefill waits for the whole queue)
-        self._prompt: tuple | None = None  # (ids host [n], ids dev [n], chunk pos host [c, 2], dev [c, 2])
+        # a prompt's chunks as self.io's rows (first position, valid tokens, ids and padding), pinned
+        # and on the device, grown to the longest prompt so far: a prefill allocates and frees
+        # nothing (a numba-deferred cuMemFree flushed mid-prefill waits for the whole queue)
+        self._prompt: tuple | None = None  # (host [n], dev [n]) int32
         # events recorded again and again instead of made per chunk / step: a dropped one joins
         # numba's deferred frees, whose flush (every 10 items) also frees any pending array
         self._events = deque(cuda.event(timing=False) for _ in range(4))
@@ -334,17 +336,18 @@ class CUDABackend:
         starts = list(range(0, n, chunk))
         sizes = [min(chunk, n - st) for st in starts]  # tokens of each chunk
         rows = [min(padded_rows(T), chunk) for T in sizes]  # rows of each chunk's pass
-        m, nc = starts[-1] + rows[-1], len(starts)  # ids with the last chunk's padding, chunks
-        ids_host, tok_dev, pos_host, pos_dev = self._prompt_buffers(m, nc)
-        ids_host[:n], ids_host[n:m] = tokens, 0
-        pos_host[:nc] = [(pos0 + st, T) for st, T in zip(starts, sizes)]  # first position, valid tokens
+        nc, width = len(starts), 2 + max(rows)
+        host, dev = self._prompt_buffers(nc * width)
+        host, dev = host[:nc * width].reshape(nc, width), dev[:nc * width].reshape(nc, width)  # [chunk, 2 + ids]
+        for c, (st, T) in enumerate(zip(starts, sizes)):
+            host[c, :2] = pos0 + st, T  # first position, valid tokens
+            host[c, 2:2 + T], host[c, 2 + T:] = tokens[st:st + T], 0
         graphed = [R <= self.max_chunk and pos0 + st + R <= cache.capacity for st, R in zip(starts, rows)]
-        # one graphed pass: its ids and position go straight into the graph's buffers (two copies
-        # fewer before the first kernel: kernels.md Prefill 0 (a))
+        # one graphed pass: its row goes straight into the graph's buffer, one copy before the first
+        # kernel (kernels.md Prefill 0 (a))
         direct = nc == 1 and graphed[0]
         if not direct:
-            tok_dev[:m].copy_to_device(ids_host[:m], stream=s)
-            pos_dev[:nc].copy_to_device(pos_host[:nc], stream=s)
+            dev.copy_to_device(host, stream=s)
         report = on_progress or (lambda done: None)
         done = []  # (event, tokens done when it fires)
         for c, (start, T, R) in enumerate(zip(starts, sizes, rows)):
@@ -353,13 +356,12 @@ class CUDABackend:
                 # R rows (T tokens, then padding): graph replay, ids and position copied in. The
                 # padding's K/V land past the cache's length (pages it holds; unallocated ones
                 # are skipped) and are overwritten by the next tokens; no valid row attends to them.
-                self.tok[:R].copy_to_device(ids_host[:R] if direct else tok_dev[start:start + R], stream=s)
-                self.pos.copy_to_device(pos_host[0] if direct else pos_dev[c], stream=s)
+                self.io[:2 + R].copy_to_device((host if direct else dev)[c, :2 + R], stream=s)
                 self._graphed_step(R, cache, None)
                 out = self._head(T, False) if last else None
             else:  # a chunk whose padding would not fit (a cache made elsewhere): launched one by one
-                out = self._step(T, pos0 + start, cache, False, tok=tok_dev[start:start + T],
-                                 pos=pos_dev[c], head="logits" if last else None)
+                out = self._step(T, pos0 + start, cache, False, tok=dev[c, 2:2 + T], pos=dev[c, :2],
+                                 head="logits" if last else None)
             done.append((self._record(), start + T))
             if len(done) > 2:
                 ev_old, n_old = done.pop(0)
@@ -371,14 +373,12 @@ class CUDABackend:
             report(n_done)
         return self.logits_host[0].copy()
 
-    def _prompt_buffers(self, n: int, chunks: int) -> tuple:
-        """The prompt staging buffers, grown (to powers of two) to hold n ids and `chunks` chunk
-        positions. The caller has synchronized since their last use."""
-        have = (len(self._prompt[0]), len(self._prompt[2])) if self._prompt else (0, 0)
-        if n > have[0] or chunks > have[1]:
-            n, chunks = (1 << (max(want, had) - 1).bit_length() for want, had in zip((n, chunks), have))
-            self._prompt = (cuda.pinned_array(n, np.int32), cuda.device_array(n, np.int32),
-                            cuda.pinned_array((chunks, 2), np.int32), cuda.device_array((chunks, 2), np.int32))
+    def _prompt_buffers(self, n: int) -> tuple:
+        """The prompt staging buffers (pinned host, device), grown to a power of two >= n int32s.
+        The caller has synchronized since their last use."""
+        if self._prompt is None or n > len(self._prompt[0]):
+            n = 1 << (n - 1).bit_length()
+            self._prompt = (cuda.pinned_array(n, np.int32), cuda.device_array(n, np.int32))
         return self._prompt
 
     def _record(self):
@@ -474,9 +474,8 @@ class CUDABackend:
             self.tok_host[:T] = tokens
         self.pos_host[:] = pos0, T
         cache.sync(s)
-        if tokens is not None:
-            self.tok[:T].copy_to_device(self.tok_host[:T], stream=s)
-        self.pos.copy_to_device(self.pos_host, stream=s)
+        n = 2 if tokens is None else 2 + T  # tokens None: keep the drawn id in self.tok[0]
+        self.io[:n].copy_to_device(self.io_host[:n], stream=s)
         return pos0
 
     def _graphed_step(self, T: int, cache: DevicePagedKVCache, head: str | None):

@@ -56,9 +56,16 @@ class DeviceKVArena:
                 planes.append((_device_zeros((cap,) + codes.shape[1:], codes.dtype),
                                _device_zeros((cap,) + scales.shape[1:], scales.dtype)))
             self.pools.append(tuple(planes))
-        self.block_table = cuda.pinned_array((n, 2, n_kv_heads, max_pages), np.int32)  # [layer, K/V, head, page]
-        self.table_dev = cuda.device_array(self.block_table.shape, np.int32)
-        self.gscale_dev = cuda.device_array((n, 2, n_kv_heads), np.float32)  # [layer, K/V, head], kernels write it
+        # the block table and the second-level scales share one pinned buffer and one device buffer, so
+        # a fresh cache uploads both in one copy (each copy costs the host ~50-100 us before a prompt's
+        # first kernel: kernels.md Prefill 0 (a)); the scales are uploaded once, then kernels write them
+        nt, ng = n * 2 * n_kv_heads * max_pages, n * 2 * n_kv_heads
+        self.upload_host = cuda.pinned_array(nt + ng, np.int32)  # [table | scales as int32 bits]
+        self.upload_dev = cuda.device_array(nt + ng, np.int32)
+        self.block_table = self.upload_host[:nt].reshape(n, 2, n_kv_heads, max_pages)  # [layer, K/V, head, page]
+        self.table_dev = self.upload_dev[:nt].reshape(self.block_table.shape)
+        self.gscale_host = self.upload_host[nt:].view(np.float32).reshape(n, 2, n_kv_heads)  # [layer, K/V, head]
+        self.gscale_dev = self.upload_dev[nt:].view(np.float32).reshape(n, 2, n_kv_heads)
         # [layer, K/V] 1 where the plane's format has a second-level scale to calibrate
         self.two_level_dev = cuda.to_device(np.array([[f in TWO_LEVEL for f in kv] for kv in table.layers], np.int32))
         # (K, V) the 4-bit planes of one layer decoded to 16-bit rows for the "fa" prefill kernel,
@@ -70,7 +77,7 @@ class DeviceKVArena:
     @property
     def nbytes(self) -> int:
         """Device bytes (== device_kv_nbytes of its shape)."""
-        small = self.table_dev.nbytes + self.gscale_dev.nbytes + self.two_level_dev.nbytes
+        small = self.upload_dev.nbytes + self.two_level_dev.nbytes
         return sum(a.nbytes for layer in self.pools for plane in layer for a in plane) + small + \
             sum(a.nbytes for a in self.prefill_scratch or ())
 
@@ -104,7 +111,8 @@ class DevicePagedKVCache(PagedKVCache):
         super().__init__(table, n_kv_heads, head_dim, max_tokens, page_tokens)
         del self._planes
         arena.block_table[:] = self.block_table
-        self.block_table = arena.block_table
+        arena.gscale_host[:] = self.gscale
+        self.block_table, self.gscale = arena.block_table, arena.gscale_host
         self.table_dev, self.gscale_dev, self.two_level_dev = arena.table_dev, arena.gscale_dev, arena.two_level_dev
         # uploaded in stream order by the first sync(): a reused arena may still be read by work queued before
         self._dirty = self._fresh_scales = True
@@ -130,14 +138,15 @@ class DevicePagedKVCache(PagedKVCache):
         self._dirty = True
 
     def sync(self, stream) -> None:
-        """Enqueue the block table's upload if extend/trim changed it (async: pinned memory; the
-        caller keeps the host table unchanged until the stream has passed this point)."""
-        if self._dirty:
-            self.table_dev.copy_to_device(self.block_table, stream=stream)
-            self._dirty = False
-        if self._fresh_scales:
-            self.gscale_dev.copy_to_device(self.gscale, stream=stream)
-            self._fresh_scales = False
+        """Enqueue the block table's upload if extend/trim changed it, and a new cache's scales, in
+        one copy (async: pinned memory; the caller keeps the host table unchanged until the stream
+        has passed this point)."""
+        nt = self.block_table.size
+        lo = 0 if self._dirty else nt  # [table | scales]
+        hi = len(self.arena.upload_host) if self._fresh_scales else nt
+        if lo < hi:
+            self.arena.upload_dev[lo:hi].copy_to_device(self.arena.upload_host[lo:hi], stream=stream)
+        self._dirty = self._fresh_scales = False
 
     def write(self, *args, **kwargs):
         raise TypeError("a device KV cache is written by the CUDA backend's kernels")
