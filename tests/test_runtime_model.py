@@ -65,6 +65,26 @@ def test_paged_equals_dense_random_block_table(kv):
         np.testing.assert_array_equal(kd, _bf16(k))
 
 
+def test_extend_and_trim_hold_exactly_the_pages_of_the_length():
+    """After any run of extends (decode steps inside a page take no scan) and trims, each (layer,
+    plane, head) holds pages 0 .. ceil(length / P) - 1, each a distinct pool page, and no other."""
+    rng = np.random.default_rng(3)
+    H, P = 2, 16
+    cache = PagedKVCache(resolve_table("default", 3), H, 64, max_tokens=400, page_tokens=P)
+    for _ in range(300):
+        n = int(rng.integers(1, 40)) if rng.random() < 0.2 else 1
+        if rng.random() < 0.1 and cache.length:
+            cache.trim(int(rng.integers(1, cache.length + 1)))
+        elif cache.length + n <= cache.max_tokens:
+            assert cache.extend(n) == cache.length - n
+        held = -(-cache.length // P)
+        for layer in range(3):
+            for plane in range(2):
+                bt = cache.block_table[layer, plane]
+                assert (bt[:, :held] >= 0).all() and (bt[:, held:] == -1).all()
+                assert len(np.unique(bt[:, :held])) == H * held
+
+
 def test_trim_rolls_back_and_frees_pages():
     H, D, P = 2, 64, 16
     rng = np.random.default_rng(2)
