@@ -293,6 +293,47 @@ def test_streaming_never_splits_utf8():
     assert pieces[0] == "" and "".join(pieces) == "é中" and "\ufffd" not in "".join(pieces)
 
 
+class _Counting:
+    """A tokenizer's decode that counts the ids it is handed."""
+
+    def __init__(self, tok):
+        self.tok, self.ids = tok, 0
+
+    def decode(self, ids):
+        self.ids += len(ids)
+        return self.tok.decode(ids)
+
+
+def _metaspace_tokenizer(tmp_path):
+    """A SentencePiece-style tokenizer.json (Metaspace: the decoder drops the text's first space)
+    through HF `tokenizers`, whose decoder differs from the byte-level one of tinymodel's."""
+    from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "\u2581hello", "\u2581world", "!", "\u2581", "\u2581a", "b"])}
+    tok = HF(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return Tokenizer.from_dir(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["bundled", "metaspace"])
+def test_streaming_equals_decoding_all_ids(kind, tmp_path):
+    """Any id sequence (partial UTF-8 included: random byte-level ids split characters) streams to
+    decode(all ids), piece by piece, while decoding a bounded number of ids a token (decoding all of
+    them every token is quadratic)."""
+    import coldkv
+
+    rng = np.random.default_rng(4)
+    tok = Tokenizer.from_dir(coldkv.DEFAULT_MODEL) if kind == "bundled" else _metaspace_tokenizer(tmp_path)
+    n = 2000
+    ids = [int(i) for i in rng.integers(0, tok.vocab_size if kind == "bundled" else 7, n)]
+    counting = _Counting(tok)
+    st = StreamingText(counting, ())
+    pieces = [st.add(i) for i in ids]
+    assert "".join(pieces) + st.flush() == tok.decode(ids) == st.text
+    assert counting.ids < 20 * n  # decoding all ids each token would be n (n + 1) / 2 = 2 M
+
+
 # ------------------------------------------------------------------------------ generate loop
 def test_generate_stops_on_eos_stop_string_and_context(ckpt, tmp_path):
     d = make_checkpoint(tmp_path / "m", "qwen3", generation_eos=[GOLDEN[6]])  # token 175 ends it now
