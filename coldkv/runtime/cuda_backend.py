@@ -226,6 +226,8 @@ class CUDABackend:
         self.io = dev(2 + T, np.int32)  # [2 + T]
         self.pos_host, self.tok_host = self.io_host[:2], self.io_host[2:]
         self.pos, self.tok = self.io[:2], self.io[2:]
+        self.drawn = self.tok[:1]  # where the sample kernel writes the next token (made once: a numba
+        # device slice costs the host microseconds every decode step)
         self.sample_params = dev(3, f32)  # temperature, top_k, top_p: numba_kernels/sampling.py
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
         # the drawn token's host copies: two, because decode_steps reads one while the next step's lands
@@ -395,7 +397,7 @@ class CUDABackend:
         of the logits. A new sampler (a new generate) uploads its rules and seed, step 0."""
         self._use_sampler(sampler)
         self._sample_step(self._stage([token], cache), cache)
-        self.tok[:1].copy_to_host(self.sample_host[0], stream=self.stream)
+        self.drawn.copy_to_host(self.sample_host[0], stream=self.stream)
         self.stream.synchronize()
         return int(self.sample_host[0, 0])
 
@@ -429,7 +431,7 @@ class CUDABackend:
             self._sample_step(pos0, cache)
             slot = self.sample_host[drawn % 2]
             drawn += 1
-            self.tok[:1].copy_to_host(slot, stream=s)
+            self.drawn.copy_to_host(slot, stream=s)
             pending.append((self._record(), slot))
 
         try:
@@ -474,8 +476,10 @@ class CUDABackend:
             self.tok_host[:T] = tokens
         self.pos_host[:] = pos0, T
         cache.sync(s)
-        n = 2 if tokens is None else 2 + T  # tokens None: keep the drawn id in self.tok[0]
-        self.io[:n].copy_to_device(self.io_host[:n], stream=s)
+        if tokens is None:  # keep the drawn id in self.tok[0]
+            self.pos.copy_to_device(self.pos_host, stream=s)
+        else:
+            self.io[:2 + T].copy_to_device(self.io_host[:2 + T], stream=s)
         return pos0
 
     def _graphed_step(self, T: int, cache: DevicePagedKVCache, head: str | None):
@@ -549,7 +553,7 @@ class CUDABackend:
             return None
         out = self._head(T, all_logits)
         if head == "sample":
-            launch_sample(out[0], self.sample_params, self.sample_state, self.tok[:1], s)
+            launch_sample(out[0], self.sample_params, self.sample_state, self.drawn, s)
         return out
 
     def _head(self, T: int, all_logits: bool):
