@@ -11,7 +11,10 @@ chunks, graph capture and instantiation, the logits copy), and where that idle t
 (`gpu_idle`: before the first kernel, between kernels with the largest gaps named, after the last). --host adds one run under cProfile:
 the host functions with the most own time (what an eager chunk's ~90 launches cost in Python).
 --decode N adds N greedy decode steps after a prompt (graph replays, as `generate` runs them): wall
-and GPU-busy ms per token and the kernels by GPU time per token.
+and GPU-busy ms per token and the kernels by GPU time per token; with --host also N steps of the
+pipelined decode (`decode_steps`, the next step enqueued before a token is read): their wall ms a
+token and their host functions by own time a step (what the host spends a step when it, not the
+GPU, sets the pace).
 Both sides' GPU time is split into attention (kernel names with one of ATTENTION_KEYS: our
 attention modules, torch's flash / memory-efficient / cuDNN SDPA kernels) and the rest. --hf adds
 the same profile of HF transformers' prefill as bench/generate.py times it (bf16, sdpa attention,
@@ -137,6 +140,20 @@ def gpu_gaps(prof, host_range: str, n_top: int = 8) -> dict | None:
             "largest": [{"ms": round(g / 1e3, 3), "after": a[:80], "before": b[:80]} for g, a, b in gaps[:n_top]]}
 
 
+def host_profile(work, per: int = 1) -> list[dict]:
+    """work() under cProfile: the 25 functions with the most own time (ms, divided by `per`)."""
+    import cProfile
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    work()
+    pr.disable()
+    st = pstats.Stats(pr).stats  # {(file, line, name): (calls, ncalls, own s, cumulative s, callers)}
+    rows = sorted(st.items(), key=lambda kv: -kv[1][2])[:25]
+    return [{"fn": f"{Path(f).name}:{ln}:{name}", "calls": v[1] / per, "own_ms": round(1e3 * v[2] / per, 4),
+             "cum_ms": round(1e3 * v[3] / per, 4)} for (f, ln, name), v in rows]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompt", type=int, default=32768)
@@ -204,16 +221,18 @@ def main() -> None:
                          "top_per_token": [{**k, "ms": round(k["ms"] / a.decode, 4), "calls": k["calls"] / a.decode}
                                            for k in top]}
     if a.host:
-        import cProfile
-        import pstats
-        pr = cProfile.Profile()
-        pr.enable()
-        run()
-        pr.disable()
-        st = pstats.Stats(pr).stats  # {(file, line, name): (calls, ncalls, own s, cumulative s, callers)}
-        rows = sorted(st.items(), key=lambda kv: -kv[1][2])[:25]
-        out["host_top_own"] = [{"fn": f"{Path(f).name}:{ln}:{fn}", "calls": v[1], "own_ms": round(1e3 * v[2], 3),
-                                "cum_ms": round(1e3 * v[3], 3)} for (f, ln, fn), v in rows]
+        out["host_top_own"] = host_profile(run)
+        if a.decode:  # the pipelined decode steps generate runs (decode_steps), per step
+            cache = backend.new_cache(table, a.prompt + 2 * a.decode + 3)
+            backend.prefill(ids, cache)
+            steps = lambda: list(backend.decode_steps(int(ids[-1]), cache, sampler, a.decode))  # noqa: E731
+            steps()  # warm: this cache's graphs
+            cache.trim(a.decode)
+            t = time.perf_counter()
+            steps()
+            out["decode"]["pipelined_wall_ms_per_token"] = round(1e3 * (time.perf_counter() - t) / a.decode, 4)
+            cache.trim(a.decode)
+            out["decode"]["host_top_own_per_step"] = host_profile(steps, per=a.decode)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
