@@ -22,6 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from coldkv.numba_kernels.attention_prefill import prefill_tokens_per_block
 from coldkv.numba_kernels.sampling import launch_sample
 from coldkv.runtime.backend import sequential_decode_steps
 from coldkv.runtime.config import ModelArgs
-from coldkv.runtime.cuda_graph import CapturedGraph
+from coldkv.runtime.cuda_graph import CapturedGraph, PinnedCopy
 from coldkv.runtime.gemm import CublasGemm
 from coldkv.runtime.kv_cache_cuda import DeviceKVArena, DevicePagedKVCache, arena_key, device_kv_nbytes
 from coldkv.runtime.kv_table import KVTable
@@ -138,9 +139,12 @@ class CUDABackend:
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None,
-                 pipelined_decode: bool = True):
+                 pipelined_decode: bool = True, driver_copies: bool = False):
         """graphs: replay captured passes; pipelined_decode: run decode_steps one step ahead of the
-        host; prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
+        host; driver_copies: a decode step's position upload and token download as one driver call
+        each (cuda_graph.PinnedCopy) instead of numba's copies (session 42, not yet run on a GPU:
+        the default once its gpu test passes and bench/generate.py's launch A/B shows the gain);
+        prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
         "auto" or a name of PREFILL_KERNELS); prefill_chunk: tokens of a prefill
         pass, a multiple of PAD_QUANTUM (None: prefill_chunk_tokens). All but the defaults are
         for benchmarks' A/Bs."""
@@ -157,6 +161,7 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend's SwiGLU takes an even MLP width, this model's is "
                             f"{a.intermediate_size}; use --device cpu")
         self.page_tokens, self.graphs, self.pipelined_decode = page_tokens, graphs, pipelined_decode
+        self.driver_copies = driver_copies
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         # ("auto": none, so that each layer's launch picks by its K / V formats)
@@ -232,6 +237,12 @@ class CUDABackend:
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
         # the drawn token's host copies: two, because decode_steps reads one while the next step's lands
         self.sample_host = cuda.pinned_array((2, 1), np.int32)
+        if self.driver_copies:  # fixed copies of a decode step as driver calls (else numba's)
+            self._upload_pos = PinnedCopy(self.pos, self.pos_host, self.stream, to_device=True)
+            self._download_drawn = [PinnedCopy(self.drawn, slot, self.stream, to_device=False) for slot in self.sample_host]
+        else:  # (partials of the arrays' methods: a lambda on self would make a reference cycle)
+            self._upload_pos = partial(self.pos.copy_to_device, self.pos_host, stream=self.stream)
+            self._download_drawn = [partial(self.drawn.copy_to_host, slot, stream=self.stream) for slot in self.sample_host]
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
         # a prompt's chunks as self.io's rows (first position, valid tokens, ids and padding), pinned
@@ -397,7 +408,7 @@ class CUDABackend:
         of the logits. A new sampler (a new generate) uploads its rules and seed, step 0."""
         self._use_sampler(sampler)
         self._sample_step(self._stage([token], cache), cache)
-        self.drawn.copy_to_host(self.sample_host[0], stream=self.stream)
+        self._download_drawn[0]()
         self.stream.synchronize()
         return int(self.sample_host[0, 0])
 
@@ -430,8 +441,8 @@ class CUDABackend:
             self._staged.record(s)
             self._sample_step(pos0, cache)
             slot = self.sample_host[drawn % 2]
+            self._download_drawn[drawn % 2]()
             drawn += 1
-            self.drawn.copy_to_host(slot, stream=s)
             pending.append((self._record(), slot))
 
         try:
@@ -477,7 +488,7 @@ class CUDABackend:
         self.pos_host[:] = pos0, T
         cache.sync(s)
         if tokens is None:  # keep the drawn id in self.tok[0]
-            self.pos.copy_to_device(self.pos_host, stream=s)
+            self._upload_pos()
         else:
             self.io[:2 + T].copy_to_device(self.io_host[:2 + T], stream=s)
         return pos0
