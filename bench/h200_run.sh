@@ -30,6 +30,9 @@
 #             cache vs a fresh HF process (~60 s)
 #   profile   bench/prefill_profile.py, 32k nvfp4 and 64 decode steps, and HF's prefill beside it, each
 #             split into attention and the rest (~40 s)
+#   hostprofile  bench/prefill_profile.py --host --decode 256 at a 4096-token prompt: the pipelined
+#             decode step's wall time against its GPU time, and its host functions by own time a
+#             step (session 42; on the H200's slower host the step is host-bound; ~40 s)
 #   chunks    the prefill chunk: generate at 32k, nvfp4 and int8, 8192-token passes (the bundled model's
 #             default) against 16384 and 32768, and a profile at 32768 (~120 s)
 #   layers    bench/layers.py (against bench/variants/layers_*.py when carried; <= 120 s)
@@ -135,6 +138,9 @@ save
 has profile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
   --table nvfp4 --decode 64 --hf --out "$OUT/prefill_profile.json" > "$OUT/prefill_profile.log" 2>&1
 save
+has hostprofile && [ $(left) -gt 45 ] && timeout $(left) python3 bench/prefill_profile.py --commit "$C" \
+  --prompt 4096 --table nvfp4 --decode 256 --host --out "$OUT/decode_host_profile.json" > "$OUT/decode_host_profile.log" 2>&1
+save
 has chunks && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
   --tables nvfp4,int8 --prefill-attention auto,auto@16384,auto@32768 --repeats 3 --no-launch-ab \
   --out "$OUT/generate_32k_chunks.json" > "$OUT/generate_chunks.log" 2>&1
@@ -176,6 +182,7 @@ grep '^{' "$OUT/generate_wide.log" "$OUT/generate_bf16ws.log" 2>/dev/null | cut 
 grep -h " us valid" "$OUT/prefill_bf16ws.log" 2>/dev/null
 tail -n 2 "$OUT/gpu_pytest_bf16ws_$C.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
+python3 -c "import json; d = json.load(open('$OUT/decode_host_profile.json'))['decode']; print({k: v for k, v in d.items() if not isinstance(v, list)}); [print(r) for r in d['host_top_own_per_step'][:8]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null
 grep -E '^(floor|\{)' "$OUT/breakdown.log" 2>/dev/null | cut -c1-240
 save
