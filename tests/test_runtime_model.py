@@ -304,34 +304,50 @@ class _Counting:
         return self.tok.decode(ids)
 
 
-def _metaspace_tokenizer(tmp_path):
-    """A SentencePiece-style tokenizer.json (Metaspace: the decoder drops the text's first space)
-    through HF `tokenizers`, whose decoder differs from the byte-level one of tinymodel's."""
+def _sentencepiece_tokenizer(tmp_path, kind):
+    """A SentencePiece-style tokenizer.json through HF `tokenizers`: "metaspace" (the decoder drops
+    the text's first space) or "llama2" (Llama 2's decoder: \u2581 -> space, byte tokens, strip
+    the first space), unlike tinymodel's byte-level decoder."""
     from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers
 
-    vocab = {w: i for i, w in enumerate(["<unk>", "\u2581hello", "\u2581world", "!", "\u2581", "\u2581a", "b"])}
-    tok = HF(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    words = ["<unk>", "\u2581hello", "\u2581world", "!", "\u2581", "\u2581a", "b", "<0xE4>", "<0xB8>", "<0xAD>"]
+    tok = HF(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace() if kind == "metaspace" else decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.save(str(tmp_path / "tokenizer.json"))
     return Tokenizer.from_dir(tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["bundled", "metaspace"])
+@pytest.mark.parametrize("kind", ["bundled", "metaspace", "llama2"])
 def test_streaming_equals_decoding_all_ids(kind, tmp_path):
-    """Any id sequence (partial UTF-8 included: random byte-level ids split characters) streams to
-    decode(all ids), piece by piece, while decoding a bounded number of ids a token (decoding all of
-    them every token is quadratic)."""
+    """An id sequence streams to decode(all ids), piece by piece, decoding a bounded number of ids
+    a token (decoding all of them every token is quadratic). Byte-level: any ids (random ones split
+    UTF-8 characters across tokens). SentencePiece: words, and byte tokens as whole characters (a
+    byte-fallback decoder turns a valid character into U+FFFDs once an invalid byte follows it, so
+    no printed text could stand for random byte tokens). Adjacent byte-fallback characters decode
+    as one run, so while one is incomplete the text before it changes: those steps decode all ids
+    (exact, at the old cost), and the bound is checked with a word between such characters."""
     import coldkv
 
     rng = np.random.default_rng(4)
-    tok = Tokenizer.from_dir(coldkv.DEFAULT_MODEL) if kind == "bundled" else _metaspace_tokenizer(tmp_path)
-    n = 2000
-    ids = [int(i) for i in rng.integers(0, tok.vocab_size if kind == "bundled" else 7, n)]
-    counting = _Counting(tok)
-    st = StreamingText(counting, ())
-    pieces = [st.add(i) for i in ids]
-    assert "".join(pieces) + st.flush() == tok.decode(ids) == st.text
-    assert counting.ids < 20 * n  # decoding all ids each token would be n (n + 1) / 2 = 2 M
+    tok = Tokenizer.from_dir(coldkv.DEFAULT_MODEL) if kind == "bundled" else _sentencepiece_tokenizer(tmp_path, kind)
+
+    def stream(ids):
+        counting = _Counting(tok)
+        st = StreamingText(counting, ())
+        pieces = [st.add(i) for i in ids]
+        assert "".join(pieces) + st.flush() == tok.decode(ids) == st.text
+        return counting.ids
+
+    if kind == "bundled":
+        ids = [int(i) for i in rng.integers(0, tok.vocab_size, 2000)]
+        assert stream(ids) < 20 * len(ids)  # all ids each token: n (n + 1) / 2 = 2 M
+        return
+    units = rng.integers(0, 8, 1000)  # ids 0-6 words, 7 8 9 the bytes of one character
+    stream([j for i in units for j in ([int(i)] if i < 7 else [7, 8, 9])])
+    ids = [j for i in units for j in ([int(i)] if i < 7 else [7, 8, 9, 3])]
+    assert stream(ids) < 20 * len(ids)
 
 
 # ------------------------------------------------------------------------------ generate loop

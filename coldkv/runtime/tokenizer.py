@@ -85,7 +85,9 @@ class StreamingText:
         bundled model's tokenizer, two decode steps of its GPU time)."""
         ids, dec = self.ids, self.tokenizer.decode
         head, new = dec(ids[self._prefix:self._read]), dec(ids[self._prefix:])
-        if not new.startswith(head):  # a decoder that is not local (none we know of): the whole way
+        if not new.startswith(head):
+            # not local here (a byte-fallback decoder decodes adjacent byte-token characters as
+            # one run, so an incomplete one changes the one before): decode all ids
             return dec(ids)
         text = self._done + new[len(head):]
         if not text.endswith("\ufffd"):
