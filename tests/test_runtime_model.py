@@ -66,7 +66,7 @@ def test_paged_equals_dense_random_block_table(kv):
 
 
 def test_extend_and_trim_hold_exactly_the_pages_of_the_length():
-    """After any run of extends (decode steps inside a page take no scan) and trims, each (layer,
+    """After any run of extends (which assign pages without scanning the table) and trims, each (layer,
     plane, head) holds pages 0 .. ceil(length / P) - 1, each a distinct pool page, and no other."""
     rng = np.random.default_rng(3)
     H, P = 2, 16
