@@ -225,7 +225,10 @@ def main() -> None:
         if a.decode:  # the pipelined decode steps generate runs (decode_steps), per step
             cache = backend.new_cache(table, a.prompt + 2 * a.decode + 3)
             backend.prefill(ids, cache)
-            steps = lambda: list(backend.decode_steps(int(ids[-1]), cache, sampler, a.decode))  # noqa: E731
+
+            def steps() -> list[int]:
+                return list(backend.decode_steps(int(ids[-1]), cache, sampler, a.decode))
+
             steps()  # warm: this cache's graphs
             cache.trim(a.decode)
             t = time.perf_counter()
