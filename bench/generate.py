@@ -114,15 +114,14 @@ def time_hf(model, torch, ids, new, repeats):
 
 def launch_overhead(model: Path, new: int) -> dict:
     """ms per decode step at a short context (512 prompt tokens, bf16 KV): the same steps launched
-    one by one from Python, replayed from a captured CUDA graph a token at a time, replayed one
-    step ahead of the host (pipelined), and that with the step's copies as driver calls
-    (driver_copies)."""
+    one by one from Python, replayed from a captured CUDA graph a token at a time, and replayed one
+    step ahead of the host (pipelined)."""
     out = {"prompt_tokens": 512, "new_tokens": new, "kv_table": "bf16"}
     tok = Tokenizer.from_dir(model)
     ids = prompt_ids(tok, 512)
     tokens = {}
     for name, kw in (("eager", dict(graphs=False, pipelined_decode=False)), ("graph", dict(pipelined_decode=False)),
-                     ("graph_pipelined", {}), ("graph_pipelined_driver_copies", dict(driver_copies=True))):
+                     ("graph_pipelined", {})):
         backend = CUDABackend(model, **kw)
         table = resolve_table("bf16", backend.args.num_hidden_layers)
         time_coldkv(backend, tok, ids, table, 8)  # compile

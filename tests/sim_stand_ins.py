@@ -6,6 +6,8 @@
   logic: the simulated fp32 attention kernel takes ~1 min a launch here, and
   tests/test_attention_cuda.py checks that kernel against the same reference.
 - `sync_event`: the simulator's `cuda.event` takes no `timing` argument.
+- `ArrayCopy`: cuda_graph.PinnedCopy's contract by the arrays' own copies (the simulator's arrays
+  have no device addresses for a driver call).
 """
 from __future__ import annotations
 
@@ -44,6 +46,17 @@ def cpu_paged_attention(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt,
     paged_attention_cpu(qh, o[:T], pos0, sm_scale, k_fmt, k_codes.copy_to_host(), k_scales.copy_to_host(), v_fmt,
                         v_codes.copy_to_host(), v_scales.copy_to_host(), gscale.copy_to_host(), table.copy_to_host())
     out.copy_to_device(o)
+
+
+class ArrayCopy:
+    def __init__(self, device, host, stream, to_device: bool):
+        self.device, self.host, self.stream, self.to_device = device, host, stream, to_device
+
+    def __call__(self) -> None:
+        if self.to_device:
+            self.device.copy_to_device(self.host, stream=self.stream)
+        else:
+            self.device.copy_to_host(self.host, stream=self.stream)
 
 
 def sync_event(timing: bool = True):

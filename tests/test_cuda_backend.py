@@ -395,23 +395,3 @@ def test_pipelined_decode_steps_equal_decode_in_a_loop(bundled, stop_after):
         np.testing.assert_array_equal(a_k, b_k)
         np.testing.assert_array_equal(a_v, b_v)
     assert g1 == g0 and s1 == s0
-
-
-def test_driver_copies_equal_numba_copies(bundled):
-    """A backend whose decode steps upload the position and download the drawn token by driver
-    calls (driver_copies) draws what the default backend draws: pipelined and one step at a time,
-    greedy and sampled, up to 70 tokens (steps cross 64-token pages: table uploads between them)."""
-    from coldkv.runtime.sampling import SamplingParams
-
-    d, tok, cpu, gpu, ref = bundled
-    fast = _cuda(d, driver_copies=True)
-    table = resolve_table("nvfp4", cpu.args.num_hidden_layers)
-    prompt = list(ref["seq"][:ref["n"]])
-    for pipelined in (True, False):
-        fast.pipelined_decode = gpu.pipelined_decode = pipelined
-        try:
-            for p in (SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95, seed=3)):
-                a, b = (generate(be, tok, prompt, table=table, max_new_tokens=70, sampling=p) for be in (gpu, fast))
-                assert b.tokens == a.tokens
-        finally:
-            gpu.pipelined_decode = True

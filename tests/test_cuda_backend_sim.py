@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import pytest
 
-from sim_stand_ins import NumpyGemm, cpu_paged_attention, sync_event
+from sim_stand_ins import ArrayCopy, NumpyGemm, cpu_paged_attention, sync_event
 from tinymodel import make_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not numba.config.ENABLE_CUDASIM,
@@ -37,6 +37,7 @@ def backend(ckpt):
 
     mp = pytest.MonkeyPatch()
     mp.setattr(CB, "CublasGemm", NumpyGemm)
+    mp.setattr(CB, "PinnedCopy", ArrayCopy)
     mp.setattr(CB, "paged_attention_cuda", cpu_paged_attention)
     mp.setattr(CB, "launch_sample", functools.partial(sampling.launch_sample, threads=32))  # same draw, fewer threads
     mp.setattr(CB.L, "GSCALE_SLICES", 4)  # the calibration's 512 slices would be most of the run

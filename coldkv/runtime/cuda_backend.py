@@ -22,7 +22,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -139,12 +138,9 @@ class CUDABackend:
 
     def __init__(self, model_dir: Path, args: ModelArgs | None = None, page_tokens: int = 64,
                  graphs: bool = True, prefill_attention: str = "auto", prefill_chunk: int | None = None,
-                 pipelined_decode: bool = True, driver_copies: bool = False):
+                 pipelined_decode: bool = True):
         """graphs: replay captured passes; pipelined_decode: run decode_steps one step ahead of the
-        host; driver_copies: a decode step's position upload and token download as one driver call
-        each (cuda_graph.PinnedCopy) instead of numba's copies (session 42, not yet run on a GPU:
-        the default once its gpu test passes and bench/generate.py's launch A/B shows the gain);
-        prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
+        host; prefill_attention: the prefill attention kernel (attention_cuda.prefill_kernel:
         "auto" or a name of PREFILL_KERNELS); prefill_chunk: tokens of a prefill
         pass, a multiple of PAD_QUANTUM (None: prefill_chunk_tokens). All but the defaults are
         for benchmarks' A/Bs."""
@@ -161,7 +157,6 @@ class CUDABackend:
             raise PlanError(f"the CUDA backend's SwiGLU takes an even MLP width, this model's is "
                             f"{a.intermediate_size}; use --device cpu")
         self.page_tokens, self.graphs, self.pipelined_decode = page_tokens, graphs, pipelined_decode
-        self.driver_copies = driver_copies
         kernel = prefill_kernel(prefill_attention, a.head_dim)
         # paged_attention_cuda's keywords (mma_prefill, mma_warps, ...) for chunks of more than one token
         # ("auto": none, so that each layer's launch picks by its K / V formats)
@@ -237,12 +232,11 @@ class CUDABackend:
         self.sample_state = dev(2, np.int64)  # seed, step (the kernel advances step)
         # the drawn token's host copies: two, because decode_steps reads one while the next step's lands
         self.sample_host = cuda.pinned_array((2, 1), np.int32)
-        if self.driver_copies:  # fixed copies of a decode step as driver calls (else numba's)
-            self._upload_pos = PinnedCopy(self.pos, self.pos_host, self.stream, to_device=True)
-            self._download_drawn = [PinnedCopy(self.drawn, slot, self.stream, to_device=False) for slot in self.sample_host]
-        else:  # (partials of the arrays' methods: a lambda on self would make a reference cycle)
-            self._upload_pos = partial(self.pos.copy_to_device, self.pos_host, stream=self.stream)
-            self._download_drawn = [partial(self.drawn.copy_to_host, slot, stream=self.stream) for slot in self.sample_host]
+        # a decode step's fixed copies as one driver call each: numba's copy_to_device / copy_to_host
+        # cost tens of microseconds of Python a call (H100, 512 tokens: 0.334 -> 0.325 ms a pipelined
+        # step, bench/results/logs/generate_h100_74bf4c5.json)
+        self._upload_pos = PinnedCopy(self.pos, self.pos_host, self.stream, to_device=True)
+        self._download_drawn = [PinnedCopy(self.drawn, slot, self.stream, to_device=False) for slot in self.sample_host]
         self.ws_decode = AttentionWorkspace(DECODE_SPLITS, 1, nq, hd)
         self.ws_prefill = AttentionWorkspace(PREFILL_SPLITS, T, nq, hd)
         # a prompt's chunks as self.io's rows (first position, valid tokens, ids and padding), pinned
