@@ -377,22 +377,29 @@ def append_cpu(fmt_id, x, pos0, table, codes, scales, gscale):
 @cached_njit()
 def dequant_rows_cpu(fmt_id, codes, scales, page, t0, t1, gscale_h, out):
     """Decode rows t0..t1-1 of one page into out float32 [t1 - t0, D]: dequantize_chunk's values,
-    bit for bit. A 4-bit group's 16 possible values are made once (code value x the group's step,
-    the same float32 product) and its codes looked up, as the branchy per-value decode cost the CPU
-    attention ~3 ns a value."""
+    bit for bit (the same float32 products), in loops over the page's 2-D views. A 4-bit group's
+    16 possible values are made once and its codes looked up: the branchy per-value decode cost
+    the CPU attention ~3 ns a value."""
     D = out.shape[1]
-    if fmt_id < 2:
+    pc = codes[page]  # [P, code columns]
+    ps = scales[page]  # [P, scale columns]
+    if fmt_id == 0:
         for t in range(t0, t1):
-            dequantize_chunk(fmt_id, codes, scales, page, t, 0, D, gscale_h, out[t - t0], 0)
+            for d in range(D):
+                out[t - t0, d] = bf16_dec(pc[t, d])
+        return
+    if fmt_id == 1:
+        for t in range(t0, t1):
+            s = np.float32(ps[t, 0])
+            for d in range(D):
+                out[t - t0, d] = np.float32(pc[t, d]) * s
         return
     gs = np.float32(gscale_h)
     group = 64 if fmt_id == 4 else 16
     base = np.empty(16, np.float32)  # the codes' values before the step
     for c in range(16):
         base[c] = iso3_dec(c) if fmt_id == 3 else e2m1_dec(c)
-    lut = np.empty(16, np.float32)
-    pc = codes[page]  # [P, D / 2] uint8
-    ps = scales[page]  # [P, D / group] uint8
+    lut = np.empty(16, np.float32)  # the group's 16 values
     for t in range(t0, t1):
         row = out[t - t0]
         for gi in range(D // group):
