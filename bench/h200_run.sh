@@ -25,6 +25,9 @@
 #   bf16ws    bf16 K and V through the warp-specialized prefill (session 40, not yet GPU-run): the gpu tests
 #             of the ws kernels, then at T 2048 wg8a (auto's for bf16) against wg8w3 and wg8w4, then
 #             generate at 32k, bf16, auto against wg8w3 and wg8w4 (~4 min)
+#   pingpong  the consumer warpgroups of the warp-specialized prefill taking turns (wg8w3pp, session 44):
+#             its gpu tests, then at T 2048 wg8w3 against wg8w3pp (nvfp4 and bf16), then generate at
+#             32k, auto against wg8w3pp (~4-5 min)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -123,6 +126,19 @@ if has bf16ws; then
     --out "$OUT/generate_32k_bf16ws.json" > "$OUT/generate_bf16ws.log" 2>&1
   save
 fi
+if has pingpong; then
+  timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider \
+    tests/test_attention_cuda.py -k "wg8w3pp" > "$OUT/gpu_pytest_pingpong_$C.log" 2>&1 &
+  P=$!
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $P --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w3pp --formats nvfp4 bf16 --repeats 5 \
+    --out "$OUT/attention_prefill_pingpong.json" > "$OUT/prefill_pingpong.log" 2>&1
+  save
+  [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
+    --tables nvfp4,bf16 --prefill-attention auto,wg8w3pp --repeats 3 --no-launch-ab \
+    --out "$OUT/generate_32k_pingpong.json" > "$OUT/generate_pingpong.log" 2>&1
+  save
+fi
 wait
 save
 has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
@@ -179,7 +195,9 @@ grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" "$OUT/prefill_wide.log" 2>/dev/null
 grep '^{' "$OUT/generate_wide.log" "$OUT/generate_bf16ws.log" 2>/dev/null | cut -c1-300
-grep -h " us valid" "$OUT/prefill_bf16ws.log" 2>/dev/null
+grep -h " us valid" "$OUT/prefill_bf16ws.log" "$OUT/prefill_pingpong.log" 2>/dev/null
+grep '^{' "$OUT/generate_pingpong.log" 2>/dev/null | cut -c1-300
+tail -n 2 "$OUT/gpu_pytest_pingpong_$C.log" 2>/dev/null
 tail -n 2 "$OUT/gpu_pytest_bf16ws_$C.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/decode_host_profile.json'))['decode']; print({k: v for k, v in d.items() if not isinstance(v, list)}); [print(r) for r in d['host_top_own_per_step'][:8]]" 2>/dev/null

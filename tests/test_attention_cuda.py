@@ -285,7 +285,10 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     # (four: each tile handed over before the next one's loads), V only (two)
     pytest.param("mma_wg8w3", "bf16", "bf16", 2, 128, 12, 420, 512, marks=SIM_SLOW),
     pytest.param("mma_wg8w4", "bf16", "int8", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    pytest.param("mma_wg8w", "nvfp4", "bf16", 2, 64, 40, 700, 1024, marks=SIM_SLOW)])
+    pytest.param("mma_wg8w", "nvfp4", "bf16", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
+    # the consumer warpgroups' turns and FULL barriers of their own (decoded and copied tiles)
+    pytest.param("mma_wg8w3pp", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),
+    pytest.param("mma_wg8w3pp", "bf16", "bf16", 2, 128, 12, 420, 512, marks=SIM_SLOW)])
 def test_warp_specialized_prefill_emulated(kernel, kname, vname, G, D, T, L, P):
     """wg8w: the producer warpgroup decodes tiles into a ring of WS_STAGES buffers and the two
     consumer warpgroups take them, by named barriers, which the simulator runs for real and which

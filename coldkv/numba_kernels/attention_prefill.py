@@ -108,14 +108,17 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
     both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
     item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2 to 4, a
-    slot of registers each; at 4 the producer takes WS_REGS_DEPTH4's share)."""
+    slot of registers each; at 4 the producer takes WS_REGS_DEPTH4's share). pingpong (ws): each
+    consumer warpgroup has its own FULL barriers, and the two take turns issuing their MMAs
+    through two more named barriers, so one's softmax runs under the other's MMAs (FA3's
+    inter-warpgroup schedule; session 44)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
         raise ValueError("attention_prefill: the wgmma kernel needs head_dim <= 128 and whole warpgroups")
-    if ws and (not wg or W != 8 or pingpong or pre[0] or pre[1]):
+    if ws and (not wg or W != 8 or pre[0] or pre[1]):
         raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
-                         "no ping-pong, planes not pre-decoded")
+                         "planes not pre-decoded")
     if depth not in (2, 3, 4) or (depth != 2 and not ws):
         raise ValueError("attention_prefill: the producer has 2 to 4 tiles of loads in flight (ws only)")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
@@ -148,7 +151,15 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     COPY = WS and BF16 in (kf, vf)
     copies_landed = cp_async_wait[max(NF - 2, 0)]  # (COPY) the oldest of NF - 1 groups has landed
     BUFW = CHB * RS
-    PP = wg and pingpong and W == 8
+    PP = wg and pingpong and W == 8 and not ws
+    # WS with pingpong: each consumer warpgroup waits for a tile at its own FULL barrier (with one
+    # shared, both met there every tile and ran their softmax at the same time), and the two take
+    # turns issuing their MMAs, so one's softmax runs under the other's (FA3's schedule)
+    PPW = ws and pingpong
+    # named barrier ids (16 a block, 0 is syncthreads'): FULL(b[, g]), EMPTY(b), the turns
+    FULL_CNT = 256 if PPW else TH_ALL  # the producer's 128 arrive, a consumer warpgroup's (or both) sync
+    EMPTY0 = 1 + (2 if PPW else 1) * WS_STAGES
+    TURN0 = EMPTY0 + WS_STAGES
     SA = wg and s_ahead and not PP and not WS
     NBUF = WS_STAGES if WS else 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
     SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
@@ -827,7 +838,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if COPY:
             b = t % NBUF
             if t >= NBUF:
-                bar_sync(1 + NBUF + b, TH_ALL)
+                bar_sync(EMPTY0 + b, TH_ALL)
             base = u32(b * BUFW)
         if fastp and not holes and kl + CHB <= ke:  # the common tile (as in attn_mma_fa)
             pg = kl // P
@@ -855,10 +866,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if COPY:
             copies_landed()
         elif t >= NBUF:
-            bar_sync(1 + NBUF + b, TH_ALL)
+            bar_sync(EMPTY0 + b, TH_ALL)
         put_tile(b, KS, VS, ksr, vsr, kval, key0, c, okb, kreg, vreg, krs, vrs)
         fence_proxy_async()  # the generic-proxy stores, before the wgmmas read them
-        bar_arrive(1 + b, TH_ALL)
+        bar_arrive(1 + b, FULL_CNT)
+        if PPW:
+            bar_arrive(1 + NBUF + b, FULL_CNT)
 
     @cuda.jit(device=True, inline=True)
     def ws_slot():
@@ -995,12 +1008,14 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         l1 = f32(0.0)
         sv = cuda.local.array((NKT, 4), np.float32)
         pa = cuda.local.array((NVS, 4), np.uint32)
-        qword = u32(2 * SBW + (warp >> 2) * QGW)
+        grp = warp >> 2  # the consumer warpgroup
+        qword = u32(2 * SBW + grp * QGW)
+        full0 = 1 + (grp * NBUF if PPW else 0)  # this warpgroup's FULL(0)
         if ntiles == 0:  # before any wgmma: O += P V on a buffer never written could read NaNs
             write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
                        out16, to16)
             return
-        bar_sync(1, TH_ALL)  # tile 0: S and its softmax, waited for
+        bar_sync(full0, FULL_CNT)  # tile 0: S and its softmax, waited for
         if QR:
             wg_s(sv, qa, dyn, u32(0))
         else:
@@ -1016,18 +1031,27 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         # past the last tile issues an S on a buffer nobody writes any more, whose scores the mask
         # drops whole (p = 0, m and l unchanged), and leaves after the wait: every path issues the same
         # wgmmas and none is in flight at the exit, or ptxas serializes them all (C7514 / C7518).
+        # PPW: warpgroup 0 issues first; after its k-th issue it hands the turn to warpgroup 1, whose
+        # k-th issue hands it back (the first turn is warpgroup 1's arrival here, the last one
+        # warpgroup 0 takes after the loop: every barrier phase completes)
+        if PPW and grp == 1:
+            bar_arrive(TURN0, 256)
         ti = 0
         while True:
             b = ti % NBUF
             b1 = (ti + 1) % NBUF
             if ti + 1 < ntiles:
-                bar_sync(1 + b1, TH_ALL)  # tile ti + 1 has landed
+                bar_sync(full0 + b1, FULL_CNT)  # tile ti + 1 has landed
             o_fence(acc)
+            if PPW:
+                bar_sync(TURN0 + grp, 256)
             if QR:
                 wg_s_rs(sv, qa, dyn, u32(b1 * BUFW))
             else:
                 wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
             wg_pv(acc, pa, VS, u32(b * BUFW))
+            if PPW:
+                bar_arrive(TURN0 + 1 - grp, 256)
             s_retire(sv)  # S of tile ti + 1 (O += P V runs on)
             k1 = kb + (ti + 1) * CHB
             scale_mask(sv, ksr, kval, b1 * CHB, k1, ke, holes, tig, rpos,
@@ -1042,11 +1066,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 break
             wg_sa_wait(acc, pa, sv)
             if ti + NBUF < ntiles:  # tile ti's buffer goes back
-                bar_arrive(1 + NBUF + b, TH_ALL)
+                bar_arrive(EMPTY0 + b, TH_ALL)
             scale_acc(acc, al0, al1)
             for v in range(NVS):
                 pa[v, 0], pa[v, 1], pa[v, 2], pa[v, 3] = pack_p(sv, v, vsr, b1 * CHB, tig)
             ti += 1
+        if PPW and grp == 0:
+            bar_sync(TURN0, 256)  # warpgroup 1's last turn
         write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
                    out16, to16)
 
@@ -1130,9 +1156,9 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
         raise ValueError(f"attention_prefill: unknown prefill kernel {kind!r} (fa or wg)")
     pre = (bool(pre[0]), bool(pre[1]))
     pingpong = bool(pingpong) and kind == "wg"
-    s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
-    pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and not pingpong
     ws = bool(ws)
+    s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
+    pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and (ws or not pingpong)
     q_regs = bool(q_regs) and ws
     wide_loads = bool(wide_loads) and ws
     depth = int(depth) if ws else 2
