@@ -26,8 +26,8 @@
 #             of the ws kernels, then at T 2048 wg8a (auto's for bf16) against wg8w3 and wg8w4, then
 #             generate at 32k, bf16, auto against wg8w3 and wg8w4 (~4 min)
 #   pingpong  the consumer warpgroups of the warp-specialized prefill taking turns (wg8w3pp, session 44):
-#             its gpu tests, then at T 2048 wg8w3 against wg8w3pp (nvfp4 and bf16), then generate at
-#             32k, auto against wg8w3pp (~4-5 min)
+#             its gpu tests, then at T 2048 wg8w3 against wg8w3pp (nvfp4 and bf16) and wg8w against
+#             wg8wpp (int8), then generate at 32k, auto against wg8w3pp (~5 min)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -128,11 +128,15 @@ if has bf16ws; then
 fi
 if has pingpong; then
   timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider \
-    tests/test_attention_cuda.py -k "wg8w3pp" > "$OUT/gpu_pytest_pingpong_$C.log" 2>&1 &
+    tests/test_attention_cuda.py -k "wg8w3pp or wg8wpp" > "$OUT/gpu_pytest_pingpong_$C.log" 2>&1 &
   P=$!
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $P --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w3pp --formats nvfp4 bf16 --repeats 5 \
     --out "$OUT/attention_prefill_pingpong.json" > "$OUT/prefill_pingpong.log" 2>&1
+  save
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths wg8w wg8wpp --formats int8 --repeats 5 \
+    --out "$OUT/attention_prefill_pingpong_int8.json" >> "$OUT/prefill_pingpong.log" 2>&1
   save
   [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
     --tables nvfp4,bf16 --prefill-attention auto,wg8w3pp --repeats 3 --no-launch-ab \

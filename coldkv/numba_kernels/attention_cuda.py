@@ -782,9 +782,11 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     # consumers 176; int8 planes spill 1364 B on it)
     "wg8w4": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
               "mma_depth": 4},
-    # wg8w3 whose consumer warpgroups take turns on the tensor cores (session 44, FA3's ping-pong)
+    # wg8w3 / wg8w whose consumer warpgroups take turns on the tensor cores (session 44, FA3's ping-pong)
     "wg8w3pp": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
                 "mma_depth": 3, "mma_pingpong": True},
+    "wg8wpp": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
+               "mma_pingpong": True},
 }
 
 
