@@ -761,6 +761,7 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # "wg8w3" keeps three tiles of loads in flight. auto picks one of them per format (_prefill_auto).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False,
        "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2}
+_WS = {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}  # wg8w
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "fa": {"mma_prefill": "fa", "mma_warps": NWARPS, "mma_pv_async": False, "mma_s_ahead": False, "mma_ws": False,
            "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2},
@@ -771,22 +772,18 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "wg8s": {**_WG, "mma_pv_async": True, "mma_s_ahead": True},
     # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww); of int8 codes
     # too since session 36 (auto's for int8 K and V since session 37)
-    "wg8w": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True},
-    "wg8wn": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True},  # 4 bytes at a time
-    "wg8wss": {**_WG, "mma_pv_async": True, "mma_ws": True},  # and Q in shared memory
+    "wg8w": _WS,
+    "wg8wn": {**_WS, "mma_wide_loads": False},  # 4 bytes at a time
+    "wg8wss": {**_WS, "mma_wide_loads": False, "mma_q_regs": False},  # and Q in shared memory
     # wg8w with a third tile of loads in flight in the producer (session 36; auto's for 4-bit K and V
     # since session 37)
-    "wg8w3": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
-              "mma_depth": 3},
+    "wg8w3": {**_WS, "mma_depth": 3},
     # and a fourth (session 37, built offline: not yet GPU-run; its producer 152 registers, the
     # consumers 176; int8 planes spill 1364 B on it)
-    "wg8w4": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
-              "mma_depth": 4},
+    "wg8w4": {**_WS, "mma_depth": 4},
     # wg8w3 / wg8w whose consumer warpgroups take turns on the tensor cores (session 44, FA3's ping-pong)
-    "wg8w3pp": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
-                "mma_depth": 3, "mma_pingpong": True},
-    "wg8wpp": {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True,
-               "mma_pingpong": True},
+    "wg8w3pp": {**_WS, "mma_depth": 3, "mma_pingpong": True},
+    "wg8wpp": {**_WS, "mma_pingpong": True},
 }
 
 
