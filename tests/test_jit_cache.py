@@ -126,6 +126,55 @@ def test_cache_follows_an_edit_of_a_called_function_in_another_file(tmp_path):
     assert len(list((tmp_path / "cache").rglob("*.nbc"))) == 1  # the old one is deleted
 
 
+_CLAIMER = """
+import sys, time
+from pkg.b import g
+compile_ = g._compiler.compile
+
+def slow_compile(*args, **kwargs):  # this process's compile: long enough for the other to start
+    print("compiling", flush=True)
+    time.sleep(2)
+    if FAIL:
+        raise RuntimeError("this compile fails")
+    return compile_(*args, **kwargs)
+
+g._compiler.compile = slow_compile
+try:
+    print(g(1), sum(g.stats.cache_hits.values()), flush=True)
+except RuntimeError:
+    print("failed", flush=True)
+    time.sleep(60)  # alive, as a test that expects the error would be
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_process_waits_for_anothers_compile_of_the_same_entry(tmp_path, fail):
+    """Two processes miss one entry at once (pytest -n on a fresh machine): the second waits for the
+    first's compile and loads what it saved instead of compiling too. A compile that raises ends the
+    claim though its process lives on, and the waiter compiles itself."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "b.py").write_text("from coldkv.numba_kernels.jit_cache import cached_njit\n\n\n"
+                              "@cached_njit()\ndef g(x):\n    return x * 20\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, "-c", f"FAIL = {fail}" + _CLAIMER], env=env, cwd=tmp_path,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "compiling"  # it has claimed the entry
+        code = "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"
+        second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                check=True, timeout=50)  # not held until the first exits (60 s after a failure)
+        assert first.stdout.readline().split() == (["failed"] if fail else ["20", "0"])
+    finally:
+        first.kill()
+        first.wait()
+    assert second.stdout.split() == (["20", "0"] if fail else ["20", "1"])  # compiled itself / loaded
+
+
 # ------------------------------------------------------------------------------ CUDA kernels
 def _offline(code: str, cache_dir, seed: int) -> str:
     """Run code in a process that compiles CUDA kernels offline (tests/offline_cuda.py) with

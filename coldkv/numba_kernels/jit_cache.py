@@ -37,13 +37,24 @@ functions and intrinsics it calls (numba's own functions by name: its version is
 object the fingerprint cannot name stably turns the cache off for that kernel rather than risk a
 wrong hit.
 Saving or loading an entry never fails a run: a miss compiles.
+
+Processes that miss the same entry at once (pytest -n's workers on a fresh machine, two coldkv
+runs after an install) would each compile it, side by side (the gpu suite's backend tests took
+100-260 s each at -n 12, where one fresh `coldkv generate --device cuda` compiles in ~16-24 s).
+So a miss claims the entry (an exclusive lock file beside it) for as long as its compile runs; a
+process that finds the entry claimed waits for the claim to end, then loads what the other
+process saved. A claim ends when its compile returns or raises
+(`_claims_end_with`), or when its process dies (the lock is the OS's); a wait that outlasts
+CLAIM_WAIT_S compiles anyway.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import hashlib
+import os
 import pickle
+import time
 import types
 from pathlib import Path
 
@@ -85,16 +96,89 @@ def _index_lock(index_path: str):
         yield
 
 
+CLAIM_WAIT_S = 300.0  # longest wait for another process's compile of an entry; then compile here
+_claims: list = []  # [lock path, open lock file or None], this process's claimed entries, innermost last
+
+
+def _claim(path: str, reload):
+    """Claim the entry whose lock file is `path`: wait while another process holds it, then
+    reload(); -> the entry it saved, or None with the claim taken (this process compiles). Where no
+    lock can be had (no fcntl, a read-only cache directory, a wait past CLAIM_WAIT_S): None, unclaimed."""
+    if any(p == path for p, _ in _claims):  # claimed here already (a compile that failed, tried again)
+        return None
+    try:
+        import fcntl
+
+        f = open(path, "ab")
+    except (ImportError, OSError):
+        return None
+    deadline = time.monotonic() + CLAIM_WAIT_S
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                f.close()
+                return None
+            time.sleep(0.05)
+        except OSError:
+            f.close()
+            return None
+    data = reload()
+    if data is not None:  # the other process's compile, saved
+        f.close()
+        return data
+    _claims.append([path, f])
+    return None
+
+
+def _end_claim(path: str) -> None:
+    """The entry is saved: let the processes waiting for it load it."""
+    for claim in _claims:
+        if claim[0] == path and claim[1] is not None:
+            claim[1].close()
+            claim[1] = None
+
+
+def _claims_end_with(dispatcher):
+    """Make the claims a compile of `dispatcher` takes end when that compile returns or raises (a
+    failed compile saves nothing, and its process may live on: tests that expect the error); ->
+    dispatcher. Its `compile` is what numba calls on a miss (`_compile_for_args`, typing a call
+    from another jitted function, a launch)."""
+    compile_ = dispatcher.compile
+
+    @functools.wraps(compile_)
+    def compile(*args, **kwargs):
+        depth = len(_claims)
+        try:
+            return compile_(*args, **kwargs)
+        finally:
+            while len(_claims) > depth:
+                _, f = _claims.pop()
+                if f is not None:
+                    f.close()
+
+    dispatcher.compile = compile
+    return dispatcher
+
+
 class _KeyedCacheFile(IndexDataCacheFile):
+    def _entry_name(self, key) -> str:
+        return self._data_name_pattern.replace("{number:d}", hashlib.sha1(self._dump(key)).hexdigest()[:20])
+
     def load(self, key):
         data = super().load(key)
+        if data is None:
+            data = _claim(os.path.join(self._cache_path, self._entry_name(key) + ".lock"),
+                          lambda: super(_KeyedCacheFile, self).load(key))
         if data is None:
             for callback in list(_compile_listeners):
                 callback(self._index_name.removesuffix(".nbi"))
         return data
 
     def save(self, key, data):
-        name = self._data_name_pattern.replace("{number:d}", hashlib.sha1(self._dump(key)).hexdigest()[:20])
+        name = self._entry_name(key)
         with _index_lock(self._index_path):
             overloads = self._load_index()
             if not overloads and self._stale_index():  # its data files are dead (numba leaves them)
@@ -104,6 +188,7 @@ class _KeyedCacheFile(IndexDataCacheFile):
                 overloads[key] = name
                 self._save_index(overloads)
         self._save_data(name, data)
+        _end_claim(os.path.join(self._cache_path, name + ".lock"))
 
     def _stale_index(self) -> bool:
         """Whether an index file exists that another numba version or other sources wrote."""
@@ -145,7 +230,7 @@ def keyed_cache(dispatcher):
     """Switch a `cache=True` dispatcher to key-named data files, out of the source tree, invalidated
     by a change to any source file of its package folder; returns it."""
     _rehome(dispatcher._cache, dispatcher.py_func)
-    return dispatcher
+    return _claims_end_with(dispatcher)
 
 
 def cache_usage() -> dict:
@@ -153,7 +238,7 @@ def cache_usage() -> dict:
     from coldkv.numba_kernels import attention  # a cached_njit kernel of this folder
 
     path = Path(attention.paged_attention_cpu._cache.cache_path)
-    files = [f for f in path.glob("*") if f.is_file()] if path.is_dir() else []
+    files = [f for f in path.glob("*") if f.is_file() and f.suffix != ".lock"] if path.is_dir() else []
     return {"path": str(path), "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
 
 
@@ -316,6 +401,6 @@ def cuda_kernel(fn=None, **options):
         except (RuntimeError, ImportError, AttributeError):  # no writable cache directory, or a
             return disp  # numba-cuda laid out otherwise: compiled in every process, as cuda.jit
         disp._cache = cache
-        return disp
+        return _claims_end_with(disp)
 
     return wrap(fn) if fn is not None else wrap
