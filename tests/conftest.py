@@ -26,8 +26,15 @@ def _one_blas_thread():
         yield
 
 
+# modules whose gpu tests take minutes each (mostly compiling a model's kernels; 100-260 s at -n 12 on
+# the H100): with a GPU they run first, since started last under pytest -n they are the suite's tail
+_LONG_ON_GPU = ("test_cuda_backend.py", "test_jit_cache.py")
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
+    if HAS_GPU:  # a stable sort: the same order in every xdist worker
+        items.sort(key=lambda item: item.path.name not in _LONG_ON_GPU)
