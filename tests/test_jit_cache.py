@@ -147,12 +147,28 @@ except RuntimeError:
 """
 
 
+def _while_compiling(first: list[str], second: list[str], env: dict, cwd) -> tuple[str, str]:
+    """Start `first` (a process that prints "compiling" once it has missed the cache), run `second`
+    once it has; -> the stdout of both (the second's must end within 50 s: not held until the
+    first exits)."""
+    import subprocess
+
+    proc = subprocess.Popen(first, env=env, cwd=cwd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "compiling"  # it has claimed the entry
+        out = subprocess.run(second, env=env, cwd=cwd, capture_output=True, text=True, timeout=50)
+        assert out.returncode == 0, out.stderr
+        return proc.stdout.readline(), out.stdout
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_process_waits_for_anothers_compile_of_the_same_entry(tmp_path, fail):
     """Two processes miss one entry at once (pytest -n on a fresh machine): the second waits for the
     first's compile and loads what it saved instead of compiling too. A compile that raises ends the
-    claim though its process lives on, and the waiter compiles itself."""
-    import subprocess
+    claim though its process lives on (60 s here), and the waiter compiles itself."""
     import sys
 
     pkg = tmp_path / "pkg"
@@ -161,33 +177,32 @@ def test_a_process_waits_for_anothers_compile_of_the_same_entry(tmp_path, fail):
     (pkg / "b.py").write_text("from coldkv.numba_kernels.jit_cache import cached_njit\n\n\n"
                               "@cached_njit()\ndef g(x):\n    return x * 20\n")
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path)}
-    first = subprocess.Popen([sys.executable, "-c", f"FAIL = {fail}" + _CLAIMER], env=env, cwd=tmp_path,
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        assert first.stdout.readline().strip() == "compiling"  # it has claimed the entry
-        code = "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"
-        second = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
-                                check=True, timeout=50)  # not held until the first exits (60 s after a failure)
-        assert first.stdout.readline().split() == (["failed"] if fail else ["20", "0"])
-    finally:
-        first.kill()
-        first.wait()
-    assert second.stdout.split() == (["20", "0"] if fail else ["20", "1"])  # compiled itself / loaded
+    code = "from pkg.b import g; print(g(1), sum(g.stats.cache_hits.values()))"
+    first, second = _while_compiling([sys.executable, "-c", f"FAIL = {fail}" + _CLAIMER],
+                                     [sys.executable, "-c", code], env, tmp_path)
+    assert first.split() == (["failed"] if fail else ["20", "0"])
+    assert second.split() == (["20", "0"] if fail else ["20", "1"])  # compiled itself / loaded
 
 
 # ------------------------------------------------------------------------------ CUDA kernels
-def _offline(code: str, cache_dir, seed: int) -> str:
-    """Run code in a process that compiles CUDA kernels offline (tests/offline_cuda.py) with
-    NUMBA_CACHE_DIR=cache_dir and PYTHONHASHSEED=seed; -> its stdout."""
-    import subprocess
+def _offline_cmd(code: str, cache_dir, seed: int = 1) -> tuple[list[str], dict]:
+    """The command and environment of a process that runs code compiling CUDA kernels offline
+    (tests/offline_cuda.py) with NUMBA_CACHE_DIR=cache_dir and PYTHONHASHSEED=seed."""
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env.update(NUMBA_CACHE_DIR=str(cache_dir), PYTHONHASHSEED=str(seed),
                PYTHONPATH=os.pathsep.join([os.path.join(root, "tests"), root]))
-    proc = subprocess.run([sys.executable, "-c", "import offline_cuda\n" + code], env=env, capture_output=True,
-                          text=True, timeout=600)
+    return [sys.executable, "-c", "import offline_cuda\n" + code], env
+
+
+def _offline(code: str, cache_dir, seed: int) -> str:
+    """Run _offline_cmd's process; -> its stdout."""
+    import subprocess
+
+    cmd, env = _offline_cmd(code, cache_dir, seed)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -264,6 +279,34 @@ def test_cuda_kernels_load_from_the_disk_cache_in_the_next_process(tmp_path):
     assert len({cubin for _, cubin in first}) == 3
     data = [f for f in tmp_path.rglob("*.nbc")]
     assert len(data) == 3, data  # no new file per run
+
+
+_CUDA_CLAIMER = """
+import time
+import numba.cuda.dispatcher as dispatcher
+bind = dispatcher._Kernel.bind
+
+def slow_bind(self):  # this process's compile (offline_cuda's bind links the cubin)
+    print("compiling", flush=True)
+    time.sleep(2)
+    return bind(self)
+
+dispatcher._Kernel.bind = slow_bind
+"""
+_SWIGLU_HITS = """
+from coldkv.numba_kernels import layers as L
+k = L.swiglu_kernel(False)
+k.compile("void(float32[:,::1], uint16[:,::1])")
+print(sum(k._cache_hits.values()), flush=True)
+"""
+
+
+def test_a_process_waits_for_anothers_compile_of_a_cuda_kernel(tmp_path):
+    """The same through numba-cuda's dispatch (offline, sm_90): the second process loads the cubin the
+    first one compiled."""
+    (first, env), (second, _) = (_offline_cmd(code, tmp_path) for code in (_CUDA_CLAIMER + _SWIGLU_HITS, _SWIGLU_HITS))
+    first, second = _while_compiling(first, second, env, tmp_path)
+    assert (first.strip(), second.strip()) == ("0", "1")
 
 
 def test_simulator_kernels_are_not_cached():
