@@ -15,9 +15,10 @@ bench/attention_decode.py does), then per row:
               (kernel="mma", mma_prefill=False), every token re-reads and re-decodes its K/V;
        `fa` / `fa8` the prefill kernel with MMA rows = (query token, q head) and K/V tiles
               shared by the block's 4 / 8 warps (mma_prefill="fa", mma.sync);
-       `wg` / `wg8` / `wg8pp` / `wg8a` the same on warpgroup MMAs (mma_prefill="wg", sm_90a; wg8pp:
-              the two warpgroups take turns; wg8a: O += P V runs on under the next tile's
-              decode); kernel="auto" picks wg8 on an H200;
+       `wg` / `wg8` / `wg8a` / `wg8w3` ... the same on warpgroup MMAs (mma_prefill="wg", sm_90a;
+              every name of attention_cuda.PREFILL_KERNELS; wg8a: O += P V runs on under the
+              next tile's decode; wg8w*: a producer warpgroup loads the tiles); kernel="auto"
+              picks by the formats (attention_cuda._prefill_auto);
        SDPA   torch scaled_dot_product_attention on bf16 q/K/V [1, heads, T | L, D] with the same
               causal chunk mask (lower-right aligned: causal_lower_right, enable_gqa), which is
               checked against an explicit boolean mask once at start-up.

@@ -18,13 +18,7 @@
 #   codecs    bench/codecs.py --rounds 3 (1 round ~60 s)
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
-#   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8s, wg8w; ~60 s)
-#   wide      at T 2048, nvfp4: wg8w3 (auto's since session 37: three tiles of loads in flight)
-#             against wg8w4 (four; session 37, not yet run) and wg8w (two); int8: wg8w (auto's) against
-#             wg8a; then generate at 32k, nvfp4, auto against wg8w4 (~200 s with --jobs: give it 260)
-#   bf16ws    bf16 K and V through the warp-specialized prefill (session 40, not yet GPU-run): the gpu tests
-#             of the ws kernels, then at T 2048 wg8a (auto's for bf16) against wg8w3 and wg8w4, then
-#             generate at 32k, bf16, auto against wg8w3 and wg8w4 (~4 min)
+#   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8w, wg8w3; ~60 s)
 #   pingpong  the consumer warpgroups of the warp-specialized prefill taking turns (wg8w3pp, session 44):
 #             its gpu tests, then at T 2048 wg8w3 against wg8w3pp (nvfp4 and bf16) and wg8w against
 #             wg8wpp (int8), then generate at 32k, auto against wg8w3pp (~5 min)
@@ -100,30 +94,8 @@ if has rqab; then
 fi
 if has prefill; then
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8s wg8w --formats bf16 nvfp4 --repeats 5 \
+    --shapes 4/2/128 32/8/128 --paths fa wg8 wg8a wg8w wg8w3 --formats bf16 nvfp4 --repeats 5 \
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
-  save
-fi
-if has wide; then
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w4 wg8w --formats nvfp4 --repeats 5 \
-    --out "$OUT/attention_prefill_wide.json" >> "$OUT/prefill_wide.log" 2>&1
-  save
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w wg8a --formats int8 --repeats 5 \
-    --out "$OUT/attention_prefill_wide_int8.json" >> "$OUT/prefill_wide.log" 2>&1
-  save
-fi
-if has bf16ws; then
-  timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider \
-    tests/test_attention_cuda.py -k "warp_specialized or prefill_device_position" > "$OUT/gpu_pytest_bf16ws_$C.log" 2>&1
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8a wg8w3 wg8w4 --formats bf16 --repeats 5 \
-    --out "$OUT/attention_prefill_bf16ws.json" > "$OUT/prefill_bf16ws.log" 2>&1
-  save
-  [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
-    --tables bf16 --prefill-attention auto,wg8w3,wg8w4 --repeats 3 --no-launch-ab \
-    --out "$OUT/generate_32k_bf16ws.json" > "$OUT/generate_bf16ws.log" 2>&1
   save
 fi
 if has pingpong; then
@@ -144,10 +116,6 @@ if has pingpong; then
   save
 fi
 wait
-save
-has wide && [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
-  --tables nvfp4 --prefill-attention auto,wg8w4 --repeats 3 --no-launch-ab \
-  --out "$OUT/generate_32k_wide.json" > "$OUT/generate_wide.log" 2>&1
 save
 has generate && [ $(left) -gt 60 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J \
   --repeats $([ $(left) -gt 150 ] && echo 2 || echo 1) --out "$OUT/generate.json" > "$OUT/generate.log" 2>&1
@@ -197,12 +165,10 @@ for l in sys.stdin:
 grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
-grep -h " us valid" "$OUT/prefill.log" "$OUT/prefill_wide.log" 2>/dev/null
-grep '^{' "$OUT/generate_wide.log" "$OUT/generate_bf16ws.log" 2>/dev/null | cut -c1-300
-grep -h " us valid" "$OUT/prefill_bf16ws.log" "$OUT/prefill_pingpong.log" 2>/dev/null
+grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
+grep -h " us valid" "$OUT/prefill_pingpong.log" 2>/dev/null
 grep '^{' "$OUT/generate_pingpong.log" 2>/dev/null | cut -c1-300
 tail -n 2 "$OUT/gpu_pytest_pingpong_$C.log" 2>/dev/null
-tail -n 2 "$OUT/gpu_pytest_bf16ws_$C.log" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/decode_host_profile.json'))['decode']; print({k: v for k, v in d.items() if not isinstance(v, list)}); [print(r) for r in d['host_top_own_per_step'][:8]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null

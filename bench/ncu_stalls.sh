@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage (device): bash bench/ncu_stalls.sh nvfp4 bf16@p int8   (formats/variants of bench/attention_decode.py)
-#                 bash bench/ncu_stalls.sh --prefill [--path wg8s] bf16 nvfp4  (bench/ncu_prefill.py: "fa" or
+#                 bash bench/ncu_stalls.sh --prefill [--path wg8w3] bf16 nvfp4  (bench/ncu_prefill.py: "fa" or
 #                   --path's kernel, T 2048, 32768 keys, 4/2/128)
 #                 bash bench/ncu_stalls.sh --codecs nvfp4 int8     (bench/ncu_codecs.py: requant to c4g64, 32768 pages)
 #                 bash bench/ncu_stalls.sh --layers rms_norm qkv_rope_append:nvfp4 swiglu  (bench/ncu_layers.py: the

@@ -1,6 +1,6 @@
 """Compile prefill attention kernels for sm_90a offline and print what ptxas says (no GPU needed).
 
-    python bench/ptxas_prefill.py --formats nvfp4 bf16 --kernels wg8a wg8s [--ptxas PATH] [--sass DIR]
+    python bench/ptxas_prefill.py --formats nvfp4 bf16 --kernels wg8a wg8w3 [--ptxas PATH] [--sass DIR]
 
 Per (format, kernel): registers, spills and ptxas's wgmma warnings (C7511-C7518: "wgmma.mma_async
 instructions are serialized due to ..."; docs/kernels_log.md "Prefill, session 16"), and with
@@ -74,7 +74,7 @@ def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90",
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format: bf16 int8 nvfp4 iso3")
-    ap.add_argument("--kernels", nargs="+", default=["wg8a", "wg8s"], help="names of attention_cuda.PREFILL_KERNELS")
+    ap.add_argument("--kernels", nargs="+", default=["wg8a", "wg8w3"], help="names of attention_cuda.PREFILL_KERNELS")
     tool_args(ap)
     args = ap.parse_args()
     out = prepare(args)
@@ -88,8 +88,8 @@ def main() -> None:
             kw = PREFILL_KERNELS[name]
             kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
-                                         s_ahead=kw["mma_s_ahead"], ws=kw["mma_ws"], q_regs=kw["mma_q_regs"],
-                                         wide_loads=kw["mma_wide_loads"], depth=kw["mma_depth"])
+                                         ws=kw["mma_ws"], q_regs=kw["mma_q_regs"], wide_loads=kw["mma_wide_loads"],
+                                         depth=kw["mma_depth"])
             cap = kern.targetoptions.get("max_registers") or 0  # the kernel's own cap (ws: one block an SM)
             info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a",
                                   cap)

@@ -249,11 +249,9 @@ def test_prefill_chunk_causal(T, L):
         ("mma_fa8", "int8", "nvfp4", 4, 64, 20, 150, 64), ("mma_fa", "iso3", "bf16", 6, 128, 5, 33, 8),
         ("mma_fa", "bf16", "bf16", 1, 64, 20, 20, 16), ("mma_fa", "nvfp4", "nvfp4", 8, 256, 4, 50, 16),
         ("mma_wg8", "int8", "bf16", 2, 64, 40, 300, 32),  # two warpgroups, the second past the chunk
-        ("mma_wg8pp", "bf16", "nvfp4", 4, 64, 20, 150, 16),  # taking turns (named barriers: no-ops here)
         ("mma_wg8a", "nvfp4", "bf16", 2, 64, 12, 150, 32),  # O += P V waited for at the next tile (no-op here)
-        # S a tile ahead, Q from shared memory (SS form), 3 buffers: 6 tiles from part pages, int8 keys
-        ("mma_wg8s", "int8", "nvfp4", 2, 128, 12, 330, 32),
-        ("mma_wg8s", "bf16", "int8", 4, 128, 8, 300, 64),  # tiles a page each (fast path), int8 V scales
+        ("mma_wg8a", "int8", "nvfp4", 2, 128, 12, 330, 32),  # 6 tiles from part pages, int8 keys
+        ("mma_wg8a", "bf16", "int8", 4, 128, 8, 300, 64),  # tiles a page each (fast path), int8 V scales
         ("mma_wg", "nvfp4", "iso3", 4, 128, 5, 70, 16),  # 64-key tiles over 4 pages, fp16 operands
         ("mma_fa", "int8", "iso3", 8, 64, 3, 50, 16), ("mma_fa", "iso3", "nvfp4", 4, 64, 6, 45, 8)]])
 def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
@@ -272,8 +270,6 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    # four tiles in flight: 7 tiles = a round of the four slots and three
-    pytest.param("mma_wg8w4", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),
     # int8 scales of both planes, 16-byte loads of int8 codes (2 chunks an item; wg8wn: 1)
     pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),
     pytest.param("mma_wg8wn", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
@@ -282,9 +278,9 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
     pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
     pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
     # bf16 planes by cp.async into the buffer once it is free: both (three tiles in flight), K only
-    # (four: each tile handed over before the next one's loads), V only (two)
+    # (two), V only (two)
     pytest.param("mma_wg8w3", "bf16", "bf16", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    pytest.param("mma_wg8w4", "bf16", "int8", 2, 128, 12, 420, 512, marks=SIM_SLOW),
+    pytest.param("mma_wg8w", "bf16", "int8", 2, 128, 12, 420, 512, marks=SIM_SLOW),
     pytest.param("mma_wg8w", "nvfp4", "bf16", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
     # the consumer warpgroups' turns and FULL barriers of their own (decoded and copied tiles)
     pytest.param("mma_wg8w3pp", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),
@@ -346,7 +342,8 @@ def test_tokens_on_rows_refuses_int8():
 
 
 def test_wgmma_prefill_refuses_what_it_cannot_run():
-    """head_dim 256 (128 accumulator registers for O alone) and part warpgroups: a clear error."""
+    """head_dim 256 (128 accumulator registers for O alone), part warpgroups and the dropped
+    variants (four tiles in flight, turns without the producer warpgroup): a clear error."""
     from coldkv.numba_kernels import attention_prefill as AP
 
     with pytest.raises(ValueError, match="head_dim <= 128"):
@@ -355,8 +352,10 @@ def test_wgmma_prefill_refuses_what_it_cannot_run():
         AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, pre=(True, True))
     with pytest.raises(ValueError, match="whole warpgroups"):
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=6)
-    with pytest.raises(ValueError, match="2 to 4 tiles"):
-        AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, depth=5)
+    with pytest.raises(ValueError, match="2 or 3 tiles"):
+        AP.get_prefill_kernel(Q.NVFP4, Q.NVFP4, 2, 128, kind="wg", warps=8, ws=True, depth=4)
+    with pytest.raises(ValueError, match="take turns in the warp-specialized kernel only"):
+        AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, pingpong=True)
     with pytest.raises(ValueError, match="8192 / head_dim"):  # wrong on the H200, right in the simulator
         AP.get_prefill_kernel(Q.BF16, Q.BF16, 2, 128, kind="wg", warps=8, chb=128)
 
@@ -649,21 +648,18 @@ def test_prefill_kernel_names(monkeypatch):
     given; "auto" is _prefill_auto's choice (fa without an sm_90 GPU or above head_dim 128; on
     one, by format: wg8w3 for 4-bit or bf16 K and V, wg8w for int8 K and V, else wg8a); an unknown name
     is an error."""
-    off = {"mma_pingpong": False, "mma_pv_async": False, "mma_s_ahead": False, "mma_ws": False, "mma_q_regs": False,
+    off = {"mma_pingpong": False, "mma_pv_async": False, "mma_ws": False, "mma_q_regs": False,
            "mma_wide_loads": False, "mma_depth": 2}
     assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
-                                           "mma_s_ahead": False, "mma_ws": False, "mma_q_regs": False,
-                                           "mma_wide_loads": False, "mma_depth": 2}
-    assert A.prefill_kernel("wg8pp", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pingpong": True}
+                                           "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False,
+                                           "mma_depth": 2}
     assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True}
-    assert A.prefill_kernel("wg8s", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
-                                             "mma_s_ahead": True}
     assert A.prefill_kernel("wg8w", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
                                              "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}
     assert A.prefill_kernel("wg8wn", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": False}
     assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8wn", 128), "mma_q_regs": False}
     assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 3}
-    assert A.prefill_kernel("wg8w4", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 4}
+    assert A.prefill_kernel("wg8w3pp", 128) == {**A.prefill_kernel("wg8w3", 128), "mma_pingpong": True}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
     nv, b = Q.NVFP4, Q.BF16
     assert A.prefill_kernel("auto", 128, nv, nv) == A.PREFILL_KERNELS[A._prefill_auto(128, nv, nv)]
@@ -869,7 +865,7 @@ def test_gpu_prefill_kernels(kname, vname, G, D, T, L, P, kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8pp", "mma_wg8a", "mma_wg8s"])
+@pytest.mark.parametrize("kernel", ["mma_fa8", "mma_wg8", "mma_wg8a"])
 @pytest.mark.parametrize("kname,vname,G,D,T,L,P", [("nvfp4", "int8", 2, 128, 200, 3000, 64),
                                                    ("bf16", "iso3", 4, 64, 90, 1000, 16)])
 def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
@@ -888,8 +884,8 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
                                                    ("bf16", "nvfp4", 4, 64, 300, 1000, 16)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
     """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
-    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 / wg8w4 (three / four tiles of
-    loads in flight):
+    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 (three tiles of loads in flight),
+    wg8w3pp / wg8wpp (the consumer warpgroups take turns):
     long rings of tiles, many blocks, and blocks whose split range is empty (the early query
     blocks' last splits)."""
     res = run_case(FMTS[kname], FMTS[vname], G=G, D=D, L=L, T=T, H=2, P=P, seed=T + L + 2,

@@ -28,10 +28,8 @@ from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_as
 
 WS_STAGES = 4  # the warp-specialized kernel's ring of K / V tiles (160 KB with Q at d 128)
 # its registers a thread: 168 at launch (one block of 384 threads an SM), then the producer gives
-# some to the consumers (128 x producer + 256 x consumer <= 65536); with four tiles of loads in
-# flight the producer needs 152 (nvfp4, ptxas 13.0: no spill at 152 / 176)
+# some to the consumers (128 x producer + 256 x consumer <= 65536)
 WS_REGS_PRODUCER, WS_REGS_CONSUMER = 136, 184
-WS_REGS_DEPTH4 = 152, 176
 
 
 @cuda.jit(device=True, inline=True)
@@ -54,8 +52,8 @@ def no_wgmma_wait3(acc, a, sacc):
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                      wide_loads: bool = False, depth: int = 2):
+                      pv_async: bool = False, ws: bool = False, q_regs: bool = False, wide_loads: bool = False,
+                      depth: int = 2):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -79,17 +77,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     as m64 n D with P from registers. The tiles are stored as 8x8 core matrices ([key / 8][dim /
     8][8 keys][16 bytes], `soff`), the layout wgmma reads without swizzle, and live in dynamic
     shared memory (`wg_smem_bytes`: 64 KB at CHB 64, d 128; the launcher raises the kernel's
-    limit). pingpong (wg, 8 warps): the two warpgroups take turns on the tensor cores through named
-    barriers (FA3's schedule; `bar_sync`/`bar_arrive` in the loop). pv_async (wg, not with pingpong):
-    O += P V is committed and not waited for until the next tile starts (before its loads overwrite
-    the V buffer the MMA reads), so it runs under the next tile's decode into shared memory and the
-    tile barrier. s_ahead (wg, not with pingpong; implies pv_async): Q lives in shared memory
-    (the SS-form wgmma reads it by descriptor, which frees its 32 registers a thread), tiles are
-    triple-buffered and brought in two tiles ahead, and S of tile i + 1 is issued after the
-    rescale of tile i's O, into a second accumulator, so the tensor cores run it under that
-    softmax's exponentials; it is retired right after O += P V is issued, and the wait at the top
-    of each tile covers that O += P V (docs/kernels_log.md "Prefill, session 16" lists what ptxas
-    needed not to serialize the wgmmas). chb: keys per tile (default 4096 / D, wg 8192 / D, also
+    limit). pv_async (wg): O += P V is committed and not waited for until the next tile starts
+    (before its loads overwrite the V buffer the MMA reads), so it runs under the next tile's
+    decode into shared memory and the tile barrier. (Two schedules of these kernels were measured
+    and dropped in session 45's clean-up; git has them at aa6ad1a: the two warpgroups taking turns
+    through named barriers, "wg8pp", no faster; and S of the next tile issued under this tile's
+    softmax with Q in shared memory, "wg8s", auto's for 4-bit planes until the warp-specialized
+    kernel beat it.) chb: keys per tile (default 4096 / D, wg 8192 / D, also
     its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
     while their simulator case passed).
 
@@ -107,8 +101,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
     shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
     both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
-    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2 to 4, a
-    slot of registers each; at 4 the producer takes WS_REGS_DEPTH4's share). pingpong (ws): each
+    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2 or 3, a
+    slot of registers each; 4 was no faster with 4-bit planes, session 39, and slower with bf16 ones, session 41). pingpong (ws): each
     consumer warpgroup has its own FULL barriers, and the two take turns issuing their MMAs
     through two more named barriers, so one's softmax runs under the other's MMAs (FA3's
     inter-warpgroup schedule; session 44)."""
@@ -119,8 +113,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     if ws and (not wg or W != 8 or pre[0] or pre[1]):
         raise ValueError("attention_prefill: the warp-specialized kernel is wg with 8 consumer warps, "
                          "planes not pre-decoded")
-    if depth not in (2, 3, 4) or (depth != 2 and not ws):
-        raise ValueError("attention_prefill: the producer has 2 to 4 tiles of loads in flight (ws only)")
+    if depth not in (2, 3) or (depth != 2 and not ws):
+        raise ValueError("attention_prefill: the producer has 2 or 3 tiles of loads in flight (ws only)")
+    if pingpong and not ws:
+        raise ValueError("attention_prefill: the consumers take turns in the warp-specialized kernel only")
     if wg and chb * D > 8192:  # 128-key tiles at d 128 passed the simulator but were wrong on the H200
         raise ValueError("attention_prefill: the wgmma kernel's tiles are at most 8192 / head_dim keys")
     NS = D // 16
@@ -151,7 +147,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     COPY = WS and BF16 in (kf, vf)
     copies_landed = cp_async_wait[max(NF - 2, 0)]  # (COPY) the oldest of NF - 1 groups has landed
     BUFW = CHB * RS
-    PP = wg and pingpong and W == 8 and not ws
     # WS with pingpong: each consumer warpgroup waits for a tile at its own FULL barrier (with one
     # shared, both met there every tile and ran their softmax at the same time), and the two take
     # turns issuing their MMAs, so one's softmax runs under the other's (FA3's schedule)
@@ -160,10 +155,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     FULL_CNT = 256 if PPW else TH_ALL  # the producer's 128 arrive, a consumer warpgroup's (or both) sync
     EMPTY0 = 1 + (2 if PPW else 1) * WS_STAGES
     TURN0 = EMPTY0 + WS_STAGES
-    SA = wg and s_ahead and not PP and not WS
-    NBUF = WS_STAGES if WS else 3 if SA else 2  # tile buffers: computing, (SA: next, its S in flight,) loading
+    NBUF = WS_STAGES if WS else 2  # tile buffers: computing, loading
     SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
-    QGW = 64 * RS  # SA: words of a warpgroup's Q in shared memory (after the K and V buffers)
+    QGW = 64 * RS  # WS without q_regs: words of a warpgroup's Q in shared memory (after the K and V buffers)
     SIM = SIMULATED
     RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
@@ -182,20 +176,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     u32 = np.uint32
     i64 = np.int64
     WG = wg
-    PVA = wg and (pv_async or SA or WS) and not PP
+    PVA = wg and (pv_async or WS)
     wg_s = wg_pv = wg_s_ss = wg_s_ss0 = wg_s_rs = no_wgmma
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
-    RP, RC = WS_REGS_DEPTH4 if depth == 4 else (WS_REGS_PRODUCER, WS_REGS_CONSUMER)
-    regs_give = setmaxnreg(RP, False) if WS else None
-    regs_take = setmaxnreg(RC, True) if WS else None
+    regs_give = setmaxnreg(WS_REGS_PRODUCER, False) if WS else None
+    regs_take = setmaxnreg(WS_REGS_CONSUMER, True) if WS else None
     if WG:  # K-major K: LBO the next dim core, SBO the next key core; V N-major: the other way
         wg_s = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256)
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
         if PVA:
             wg_pv_wait = wgmma_wait(D, NVS)
-        if SA or WS:  # Q as K-major core matrices like a K tile: the same offsets
+        if WS:  # Q as K-major core matrices like a K tile: the same offsets
             wg_s_ss = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256, wait=False)
             wg_s_ss0 = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256)
             if QR:  # the RS form, issued and retired like the SS one
@@ -466,14 +459,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             acc[n, 3] *= al1
 
     @cuda.jit(device=True, inline=True)
-    def rescale_flat(acc, m0, m1, l0, l1, mx0, mx1):
-        """The lazy rescale of O and l without a branch (x 1 when the max stays): a divergent write
-        of O's registers next to an MMA in flight serializes every wgmma (ptxas). -> m0, m1, l0, l1"""
-        m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
-        scale_acc(acc, al0, al1)
-        return m0, m1, l0, l1
-
-    @cuda.jit(device=True, inline=True)
     def exp_sum(sv, kc, m0, m1, l0, l1):
         """p = 2^(s - m) in place of the scores, and the row sums: -> l0, l1. A row with nothing
         unmasked yet keeps m = -inf: 0 is subtracted there, so a masked score gives ex2(-inf) = 0
@@ -570,7 +555,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 dyn = cuda.shared.array(0, np.uint32, alignment=128)
             KS = dyn[:SBW]
             VS = dyn[SBW:2 * SBW]
-            QS = dyn[2 * SBW:]  # SA: the warpgroups' Q
+            QS = dyn[2 * SBW:]  # (unused: Q stays in registers)
         elif SIM:  # the simulator refuses an alignment
             KS = cuda.shared.array(SBW, np.uint32)
             VS = cuda.shared.array(SBW, np.uint32)
@@ -610,7 +595,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         # ---- q as the A operand
         qa = cuda.local.array((NS, 4), np.uint32)
         rpos = cuda.local.array(2, np.int64)
-        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, SA)
+        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, False)
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -620,7 +605,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         l0 = f32(0.0)
         l1 = f32(0.0)
         sv = cuda.local.array((NKT, 4), np.float32)
-        sn = cuda.local.array((NKT, 4), np.float32)  # SA: S of the next tile, in flight
         rk = cuda.local.array(NIT, np.int64)
         rv = cuda.local.array(NIT, np.int64)
         okb = cuda.local.array(NIT, np.int32)
@@ -637,7 +621,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         tqg0 = tqb0 + (warp >> 2) * 4 * TPM
         tqg_last = min(tqg0 + 4 * TPM, T) - 1
         run_g = tqg0 < T
-        grp = warp >> 2
         pa = cuda.local.array((NVS, 4), np.uint32)
         mm = lane >> 3  # ldmatrix: matrix of this lane's row address, row rr of it
         rr = lane & 7
@@ -658,7 +641,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         ipg = split * ppw  # fast path: page and offset of the next tile to fetch
         ioff = 0
-        for pt in range(NBUF - 1):  # prologue: tiles 0 (SA: and 1) into buffers 0 (and 1)
+        for pt in range(NBUF - 1):  # prologue: tile 0 into buffer 0
             if pt < ntiles:
                 item_rows(table, h, P, fastp, kb + pt * CHB, ke, ipg, ioff, key0, rk, rv, okb)
                 issue_k(k_words, k_scales, KS, pt * BUFW, rk, kreg, krs, c, key0, False)
@@ -669,14 +652,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     ioff -= P
                     ipg += 1
         tile_barrier()
-        qword = u32(2 * SBW + (warp >> 2) * QGW)
-        if SA and ntiles > 0:  # S of tile 0, waited for: one left running into the loop made ptxas
-            wg_s_ss0(sn, dyn, qword, 0)  # serialize every wgmma (C7518; a loop that may not run)
         buf = 0  # the tile's buffer
         for ti in range(ntiles):
-            if SA:  # this tile's S and the last tile's O += P V are done
-                wg_sa_wait(acc, pa, sn)
-            elif PVA:  # the last tile's O += P V is done before anything reuses its buffer or acc
+            if PVA:  # the last tile's O += P V is done before anything reuses its buffer or acc
                 wg_pv_wait(acc, pa)
             k0 = kb + ti * CHB
             lt = ti + NBUF - 1  # the tile brought in during this one, into the buffer freed last
@@ -700,24 +678,10 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     item_rows(table, h, P, fastp, kl, ke, ipg, ioff, key0, rk, rv, okb)
                     issue_k(k_words, k_scales, KS, nb, rk, kreg, krs, c, key0, False)
                     issue_v(v_words, v_scales, VS, nb, rv, vreg, vrs, c, key0, False)
-            if SA:  # + 0 (-0 becomes +0, the same probability): a plain copy would be the same value,
-                # live across the next issue, so the compiler would move the in-flight accumulators
-                for u in range(NKT):
-                    for i in range(4):
-                        sv[u, i] = sn[u, i] + f32(0.0)
-            # SA runs every tile: a tile past the warpgroup's rows is masked whole (p = 0, O and
-            # its row sums unchanged), so no wgmma is issued on one path and not on another
-            run = True if SA else ((run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last))
+            run = (run_g and k0 <= pos0 + tqg_last) if WG else (active and k0 <= pos0 + tq_last)
             bk = u32(buf * BUFW)
-            # ping-pong (two warpgroups): group 1's S = Q K^T waits for group 0's, group 0's
-            # O += P V for group 1's S, so each group's softmax runs under the other's MMAs.
-            # Every thread passes each named barrier once a tile, whether its group runs or not.
-            if PP and grp == 1:
-                bar_sync(1, 256)
             if run:
-                if SA:  # (issued a tile ahead, copied into sv above)
-                    pass
-                elif WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
+                if WG:  # ---- S = Q K^T: the warpgroup's 64 rows x CHB keys
                     wg_s(sv, qa, KS, bk)
                 else:
                     for u in range(NKT):
@@ -740,35 +704,25 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         sv[u + 1, 1] = r1
                         sv[u + 1, 2] = r2
                         sv[u + 1, 3] = r3
-            if PP:
-                bar_arrive(1 + grp, 256)  # group 0: its S is done; group 1: its S is done
             if run:
                 # ---- scales and the mask (diagonal / end of the split / holes only), row maxima
                 scale_mask(sv, ksr, kval, buf * CHB, k0, ke, holes, tig, rpos,
                            holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0)
                 mx0, mx1 = row_max(sv, kc)
-                if SA:  # (an MMA is in flight: no branch)
-                    m0, m1, l0, l1 = rescale_flat(acc, m0, m1, l0, l1, mx0, mx1)
-                else:
-                    if mx0 > m0 + _LAZY:
-                        al = ex2(m0 - mx0)
-                        m0 = mx0
-                        l0 *= al
-                        for n in range(ND8):
-                            acc[n, 0] *= al
-                            acc[n, 1] *= al
-                    if mx1 > m1 + _LAZY:
-                        al = ex2(m1 - mx1)
-                        m1 = mx1
-                        l1 *= al
-                        for n in range(ND8):
-                            acc[n, 2] *= al
-                            acc[n, 3] *= al
-                if SA:  # the next tile's S, run under the rest of this softmax: issued after the
-                    # rescale of O (ptxas serializes every wgmma when O's registers are written
-                    # while an MMA is in flight, C7515); past the last tile: a buffer never read
-                    o_fence(acc)
-                    wg_s_ss(sn, dyn, qword, u32((buf + 1 if buf + 1 < NBUF else 0) * BUFW))
+                if mx0 > m0 + _LAZY:
+                    al = ex2(m0 - mx0)
+                    m0 = mx0
+                    l0 *= al
+                    for n in range(ND8):
+                        acc[n, 0] *= al
+                        acc[n, 1] *= al
+                if mx1 > m1 + _LAZY:
+                    al = ex2(m1 - mx1)
+                    m1 = mx1
+                    l1 *= al
+                    for n in range(ND8):
+                        acc[n, 2] *= al
+                        acc[n, 3] *= al
                 l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
                 # ---- O += P V: A = P (16-key step v), B = V by ldmatrix.trans, two 8-dim tiles
                 bv = u32(buf * BUFW)
@@ -793,12 +747,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                         acc[n + 1, 1] = r1
                         acc[n + 1, 2] = r2
                         acc[n + 1, 3] = r3
-            if PP and grp == 0:
-                bar_sync(2, 256)
             if run and WG:  # ---- O += P V: the warpgroup's 64 rows x D, P from registers
                 wg_pv(acc, pa, VS, bk)
-                if SA:  # the next tile's S is done (committed before this O += P V, which runs on):
-                    s_retire(sn)  # only one wgmma crosses the tile barrier (two made ptxas serialize)
             if nxt:
                 commit_k(KS, nb, kreg, c, key0)
                 commit_v(VS, nb, vreg, c, key0)
@@ -819,9 +769,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             tile_barrier()
             buf = buf + 1 if buf + 1 < NBUF else 0
 
-        if SA:
-            wg_sa_wait(acc, pa, sn)
-        elif PVA:
+        if PVA:
             wg_pv_wait(acc, pa)
         # ---- the warp's partials
         write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
@@ -938,7 +886,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         rpos = cuda.local.array(2, np.int64)
         qa = cuda.local.array((NS, 4), np.uint32)  # QR: the RS form's A (else unused)
-        if consumer and not QR:  # Q into shared memory (the SS form's A), as attn_mma_fa's SA
+        if consumer and not QR:  # Q into shared memory (the SS form's A)
             load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn[2 * SBW:], True)
             fence_proxy_async()
         cuda.syncthreads()
@@ -951,22 +899,15 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             s0 = ws_slot()
             s1 = ws_slot()
             s2 = ws_slot()
-            s3 = ws_slot()
             if ntiles > 0:
                 ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s0, KS, VS,
                          0)
             if COPY:
                 cp_async_commit()
-            if NF >= 3:
+            if NF == 3:
                 if ntiles > 1:
                     ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s1,
                              KS, VS, 1)
-                if COPY:
-                    cp_async_commit()
-            if NF == 4:
-                if ntiles > 2:
-                    ws_fetch(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, key0, c, s2,
-                             KS, VS, 2)
                 if COPY:
                     cp_async_commit()
             for tn in range((ntiles + NF - 1) // NF):  # the slots in turn (unrolled by hand: registers)
@@ -976,22 +917,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                             VS, ksr, vsr, kval, key0, c, s1, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
                             KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
-                elif NF == 3:
+                else:
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
                             VS, ksr, vsr, kval, key0, c, s2, s0, True)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
                             KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
                     ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
                             KS, VS, ksr, vsr, kval, key0, c, s1, s2, False)
-                else:
-                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t, KS,
-                            VS, ksr, vsr, kval, key0, c, s3, s0, True)
-                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 1,
-                            KS, VS, ksr, vsr, kval, key0, c, s0, s1, False)
-                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 2,
-                            KS, VS, ksr, vsr, kval, key0, c, s1, s2, False)
-                    ws_step(k_words, k_scales, v_words, v_scales, table, h, P, fastp, holes, kb, ke, ntiles, t + 3,
-                            KS, VS, ksr, vsr, kval, key0, c, s2, s3, False)
             return
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
@@ -1145,8 +1077,8 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False, s_ahead: bool = False, ws: bool = False, q_regs: bool = False,
-                       wide_loads: bool = False, depth: int = 2):
+                       pv_async: bool = False, ws: bool = False, q_regs: bool = False, wide_loads: bool = False,
+                       depth: int = 2):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1157,20 +1089,19 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     pre = (bool(pre[0]), bool(pre[1]))
     pingpong = bool(pingpong) and kind == "wg"
     ws = bool(ws)
-    s_ahead = bool(s_ahead) and kind == "wg" and not pingpong
-    pv_async = (bool(pv_async) or s_ahead) and kind == "wg" and (ws or not pingpong)
+    pv_async = bool(pv_async) and kind == "wg"
     q_regs = bool(q_regs) and ws
     wide_loads = bool(wide_loads) and ws
     depth = int(depth) if ws else 2
     if ws and max_registers is None:  # one block an SM: 65536 / its threads, a multiple of 8
         max_registers = 65536 // prefill_threads(warps, ws) // 8 * 8
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, s_ahead, ws, q_regs, wide_loads, depth)
+           pv_async, ws, q_regs, wide_loads, depth)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, s_ahead, ws, q_regs, wide_loads, depth)
+                                          pv_async, ws, q_regs, wide_loads, depth)
     return _PREFILL[key]
 
 
@@ -1185,13 +1116,11 @@ def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
     return chb or (8192 if wg else 4096) // D
 
 
-def wg_smem_bytes(D: int, chb: int = 0, s_ahead: bool = False, warps: int = 8, ws: bool = False) -> int:
-    """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each (s_ahead: three,
-    ws: WS_STAGES, and each warpgroup's 64 rows of Q), 16-bit values."""
+def wg_smem_bytes(D: int, chb: int = 0, warps: int = 8, ws: bool = False) -> int:
+    """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each (ws: WS_STAGES,
+    and each warpgroup's 64 rows of Q), 16-bit values."""
     if ws:
         return 4 * WS_STAGES * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
-    if s_ahead:
-        return 12 * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
     return 8 * tile_keys(D, True, chb) * D
 
 
@@ -1233,8 +1162,8 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_prefill_kernel(ISO3, BF16, 8, 128, True), prefill_sig(ISO3, BF16, True)),
             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, pre=(True, True)), prefill_sig(NVFP4, ISO3, True))]
     wg8a = {"kind": "wg", "warps": 8, "pv_async": True}
-    out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, s_ahead=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
-            (get_prefill_kernel(ISO3, NVFP4, 2, 128, True, s_ahead=True, **wg8a), prefill_sig(ISO3, NVFP4, True)),
+    out += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
+            (get_prefill_kernel(ISO3, NVFP4, 2, 128, True, **wg8a), prefill_sig(ISO3, NVFP4, True)),
             (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4)),
@@ -1251,10 +1180,7 @@ def _ptx_signatures() -> tuple[list, list]:
     more += [(get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, kind="wg", pre=(True, True)),
               prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
-             (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8, pingpong=True),
-              prefill_sig(BF16, BF16, True)),
-             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
-             (get_prefill_kernel(BF16, INT8, 4, 128, s_ahead=True, **wg8a), prefill_sig(BF16, INT8)),
+             (get_prefill_kernel(BF16, INT8, 4, 128, **wg8a), prefill_sig(BF16, INT8)),
              (get_prefill_kernel(INT8, ISO3, 4, 64, ws=True, **wg8a), prefill_sig(INT8, ISO3)),
              (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
@@ -1263,14 +1189,14 @@ def _ptx_signatures() -> tuple[list, list]:
               prefill_sig(NVFP4, NVFP4, True)),
              (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
                                  **wg8a), prefill_sig(ISO3, ISO3, True)),
-             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=4,
-                                 **wg8a), prefill_sig(NVFP4, ISO3, True)),
+             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
+                                 pingpong=True, **wg8a), prefill_sig(NVFP4, ISO3, True)),
              (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
               prefill_sig(INT8, INT8, True)),
-             # bf16 planes by cp.async in the producer: both, at depth 3; one, at depth 4
+             # bf16 planes by cp.async in the producer: both, at depth 3; one, at depth 2 with turns
              (get_prefill_kernel(BF16, BF16, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3, **wg8a),
               prefill_sig(BF16, BF16, True)),
-             (get_prefill_kernel(BF16, INT8, 2, 128, True, ws=True, q_regs=True, depth=4, **wg8a),
+             (get_prefill_kernel(BF16, INT8, 2, 128, True, ws=True, q_regs=True, pingpong=True, **wg8a),
               prefill_sig(BF16, INT8, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
