@@ -88,8 +88,7 @@ def main() -> None:
             kw = PREFILL_KERNELS[name]
             kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
-                                         ws=kw["mma_ws"], q_regs=kw["mma_q_regs"], wide_loads=kw["mma_wide_loads"],
-                                         depth=kw["mma_depth"])
+                                         ws=kw["mma_ws"], depth=kw["mma_depth"])
             cap = kern.targetoptions.get("max_registers") or 0  # the kernel's own cap (ws: one block an SM)
             info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a",
                                   cap)

@@ -266,17 +266,13 @@ def test_mma_kernels_emulated(kernel, kname, vname, G, D, T, L, P):
 @pytest.mark.parametrize("kernel,kname,vname,G,D,T,L,P", [
     # 7 tiles of 64 keys in one page, a part tile at the end; the producer's 16-byte loads
     pytest.param("mma_wg8w", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    pytest.param("mma_wg8wn", "nvfp4", "iso3", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # its 4-byte loads
-    pytest.param("mma_wg8wss", "nvfp4", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),  # Q in shared memory
     # a third tile in flight: 7 tiles = two rounds of the three slots and one
     pytest.param("mma_wg8w3", "iso3", "nvfp4", 2, 128, 12, 420, 512, marks=SIM_SLOW),
-    # int8 scales of both planes, 16-byte loads of int8 codes (2 chunks an item; wg8wn: 1)
+    # int8 scales of both planes, 16-byte loads of int8 codes (2 chunks an item)
     pytest.param("mma_wg8w", "int8", "int8", 4, 128, 9, 700, 1024, marks=SIM_SLOW),
-    pytest.param("mma_wg8wn", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
     pytest.param("mma_wg8w", "int8", "int8", 2, 64, 9, 700, 1024, marks=SIM_SLOW),
     # the 2nd warpgroup past the chunk; 2 items a row at d 64
     pytest.param("mma_wg8w", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
-    pytest.param("mma_wg8wn", "iso3", "nvfp4", 2, 64, 40, 700, 1024, marks=SIM_SLOW),
     # bf16 planes by cp.async into the buffer once it is free: both (three tiles in flight), K only
     # (two), V only (two)
     pytest.param("mma_wg8w3", "bf16", "bf16", 2, 128, 12, 420, 512, marks=SIM_SLOW),
@@ -648,16 +644,12 @@ def test_prefill_kernel_names(monkeypatch):
     given; "auto" is _prefill_auto's choice (fa without an sm_90 GPU or above head_dim 128; on
     one, by format: wg8w3 for 4-bit or bf16 K and V, wg8w for int8 K and V, else wg8a); an unknown name
     is an error."""
-    off = {"mma_pingpong": False, "mma_pv_async": False, "mma_ws": False, "mma_q_regs": False,
-           "mma_wide_loads": False, "mma_depth": 2}
+    off = {"mma_pingpong": False, "mma_pv_async": False, "mma_ws": False, "mma_depth": 2}
     assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
-                                           "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False,
-                                           "mma_depth": 2}
+                                           "mma_ws": False, "mma_depth": 2}
     assert A.prefill_kernel("wg8a", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True}
     assert A.prefill_kernel("wg8w", 128) == {"mma_prefill": "wg", "mma_warps": 8, **off, "mma_pv_async": True,
-                                             "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}
-    assert A.prefill_kernel("wg8wn", 128) == {**A.prefill_kernel("wg8w", 128), "mma_wide_loads": False}
-    assert A.prefill_kernel("wg8wss", 128) == {**A.prefill_kernel("wg8wn", 128), "mma_q_regs": False}
+                                             "mma_ws": True}
     assert A.prefill_kernel("wg8w3", 128) == {**A.prefill_kernel("wg8w", 128), "mma_depth": 3}
     assert A.prefill_kernel("wg8w3pp", 128) == {**A.prefill_kernel("wg8w3", 128), "mma_pingpong": True}
     assert A.prefill_kernel("auto", 128) == A.PREFILL_KERNELS[A._prefill_auto(128)]
@@ -884,7 +876,7 @@ def test_gpu_prefill_8_warps(kname, vname, G, D, T, L, P, kernel):
                                                    ("bf16", "nvfp4", 4, 64, 300, 1000, 16)])
 def test_gpu_prefill_warp_specialized(kname, vname, G, D, T, L, P, kernel):
     """wg8w (a producer warpgroup decodes, two consumers multiply; 16-byte loads of 4-bit codes),
-    wg8wn (4-byte loads), wg8wss (and Q in shared memory), wg8w3 (three tiles of loads in flight),
+    wg8w3 (three tiles of loads in flight),
     wg8w3pp / wg8wpp (the consumer warpgroups take turns):
     long rings of tiles, many blocks, and blocks whose split range is empty (the early query
     blocks' last splits)."""

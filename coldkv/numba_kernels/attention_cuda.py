@@ -753,26 +753,25 @@ def mma_decode_build(k_fmt, v_fmt, G: int, D: int, mma_tiles=0, max_registers=No
 # Prefill kernels by name: paged_attention_cuda's keywords for chunks of more than one token.
 # "wg8a": O += P V left running under the next tile's decode and barrier (session 15). "wg8w": a
 # producer warpgroup decodes the tiles, two consumer warpgroups multiply (session 33), run each
-# softmax under their last O += P V (session 34), keep Q in registers (session 35; "wg8wss" reads
-# it from shared memory, as before) and, with 4-bit K and V, load 16 bytes of codes a row at a
-# time (session 36; "wg8wn" loads 4, as before); "wg8w3" keeps three tiles of loads in flight.
+# softmax under their last O += P V (session 34), keep Q in registers (session 35) and, with
+# 4-bit or int8 K and V, load 16 bytes of codes a row at a time (sessions 36-37); "wg8w3" keeps
+# three tiles of loads in flight.
 # auto picks one of them per format (_prefill_auto). Measured and dropped (session 45's clean-up;
 # git has them at aa6ad1a): "wg8pp" (the warpgroups of wg8 taking turns), "wg8s" (wg8a with S of
-# the next tile issued under this one's softmax), "wg8w4" (four tiles of loads in flight).
+# the next tile issued under this one's softmax), "wg8w4" (four tiles of loads in flight), "wg8wss"
+# and "wg8wn" (wg8w with Q in shared memory, and with 4-byte loads).
 _WG = {"mma_prefill": "wg", "mma_warps": 8, "mma_pingpong": False, "mma_pv_async": False,
-       "mma_ws": False, "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2}
-_WS = {**_WG, "mma_pv_async": True, "mma_ws": True, "mma_q_regs": True, "mma_wide_loads": True}  # wg8w
+       "mma_ws": False, "mma_depth": 2}
+_WS = {**_WG, "mma_pv_async": True, "mma_ws": True}  # wg8w
 PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     "fa": {"mma_prefill": "fa", "mma_warps": NWARPS, "mma_pv_async": False, "mma_ws": False,
-           "mma_q_regs": False, "mma_wide_loads": False, "mma_depth": 2},
+           "mma_depth": 2},
     "wg": {**_WG, "mma_warps": 4},
     "wg8": _WG,
     "wg8a": {**_WG, "mma_pv_async": True},
     # the producer loads 16 bytes of 4-bit codes a row at a time (session 35's wg8ww); of int8 codes
     # too since session 36 (auto's for int8 K and V since session 37)
     "wg8w": _WS,
-    "wg8wn": {**_WS, "mma_wide_loads": False},  # 4 bytes at a time
-    "wg8wss": {**_WS, "mma_wide_loads": False, "mma_q_regs": False},  # and Q in shared memory
     # wg8w with a third tile of loads in flight in the producer (session 36; auto's for 4-bit K and V
     # since session 37)
     "wg8w3": {**_WS, "mma_depth": 3},
@@ -899,8 +898,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
                          plan_len=None, kernel="auto", mma_tiles=0, mma_u64=True, mma_prefill=None,
                          mma_warps=None, mma_pipe=None, mma_k8=True, prefill_scratch=None, mma_chb=0,
                          mma_pingpong=False, mma_pv_async=None, mma_qsmem=None, mma_bulk=None,
-                         mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=None, mma_q_regs=None,
-                         mma_wide_loads=None, mma_depth=None):
+                         mma_tm=None, mma_pdl=False, out16=None, out16_fp16=False, mma_ws=None, mma_depth=None):
     """out[t, hq] = softmax(q[t, hq] . K[0..pos0+t]) V over the paged cache (same contract as
     attention.paged_attention_cpu). q, out [T, Hq, D] f32 device arrays; codes/scales the layer's
     pools (codes are read as 32-bit words); gscale [2, H] f32; table [2, H, max_pages] int32.
@@ -929,9 +927,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_pingpong (with mma_ws: the consumer warpgroups take turns on the tensor cores) / mma_pv_async
     ("wg": O += P V runs on under the next tile's decode; None: auto's choice when the kernel
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps: a producer
-    warpgroup loads and decodes the tiles, attention_prefill's attn_ws; bf16 planes since session 40) / mma_q_regs (None: auto's likewise; with mma_ws, S reads
-    Q from registers instead of shared memory) / mma_wide_loads (None: auto's likewise; with mma_ws and K and V both
-    4-bit or both int8, the producer loads 16 bytes of codes a row at a time) / mma_depth (None: auto's likewise; with mma_ws, 3 tiles
+    warpgroup loads and decodes the tiles, attention_prefill's attn_ws; bf16 planes since session 40) / mma_depth (None: auto's likewise; with mma_ws, 3 tiles
     of loads in flight in the producer instead of 2): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
@@ -984,8 +980,6 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         mma_warps = auto_warps if prefill == auto_prefill else NWARPS
     is_auto = prefill == auto_prefill and mma_warps == auto_warps and not mma_pingpong
     mma_ws = bool(auto["mma_ws"] if mma_ws is None and is_auto else mma_ws)
-    mma_q_regs = bool(auto["mma_q_regs"] if mma_q_regs is None and is_auto else mma_q_regs)
-    mma_wide_loads = bool(auto["mma_wide_loads"] if mma_wide_loads is None and is_auto else mma_wide_loads)
     mma_depth = int(auto["mma_depth"] if mma_depth is None and is_auto else mma_depth or 2)
     if mma_pv_async is None:  # auto's, for auto's kernel and warps
         mma_pv_async = is_auto and auto["mma_pv_async"]
@@ -1005,8 +999,7 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
         kern = attention_prefill.get_prefill_kernel(
             k_fmt, v_fmt, G, D, devpos, kind=prefill, warps=mma_warps, max_registers=max_registers or None,
             chb=mma_chb if wg else 0, pre=pre, pingpong=mma_pingpong,
-            pv_async=mma_pv_async, ws=mma_ws, q_regs=mma_q_regs,
-            wide_loads=mma_wide_loads, depth=mma_depth)
+            pv_async=mma_pv_async, ws=mma_ws, depth=mma_depth)
         threads = attention_prefill.prefill_threads(mma_warps, mma_ws)
         dyn = attention_prefill.wg_smem_bytes(D, mma_chb, mma_warps, mma_ws) if wg else 0
         sig = attention_prefill.prefill_sig(k_fmt, v_fmt, devpos)

@@ -24,7 +24,7 @@ from coldkv.numba_kernels.mma_ptx import (
     e4m3x2, ex2, ldg4, ldsm_x4, ldsm_x4_t, mma_bf16, mma_f16, mul_f16x2, pack_bf16, pack_f16, sts4)
 from coldkv.numba_kernels.quant import BF16, INT8, ISO3, NVFP4
 from coldkv.numba_kernels.wgmma_ptx import (bar_arrive, bar_sync, fence_proxy_async, no_wgmma, reg_fence, setmaxnreg, wgmma,
-                                             wgmma_ss, wgmma_wait, wgmma_wait_acc)
+                                             wgmma_wait, wgmma_wait_acc)
 
 WS_STAGES = 4  # the warp-specialized kernel's ring of K / V tiles (160 KB with Q at d 128)
 # its registers a thread: 168 at launch (one block of 384 threads an SM), then the producer gives
@@ -52,8 +52,7 @@ def no_wgmma_wait3(acc, a, sacc):
 
 def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4, max_registers=None,
                       pre: tuple = (False, False), wg: bool = False, chb: int = 0, pingpong: bool = False,
-                      pv_async: bool = False, ws: bool = False, q_regs: bool = False, wide_loads: bool = False,
-                      depth: int = 2):
+                      pv_async: bool = False, ws: bool = False, depth: int = 2):
     """Prefill, FlashAttention-2 style on mma.sync ("fa"): the W warps of a block (16 rows each,
     rows as in `_build_prefill`) share K/V tiles of CHB keys in shared memory, double-buffered, one
     barrier per tile. While the warps compute tile i, tile i + 1 is brought in: bf16 planes by
@@ -97,11 +96,11 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     before it issues tile t + depth - 1 (session 40, not yet GPU-run).
     Each consumer issues S of tile i + 1 together with O += P V of tile i and runs tile i + 1's
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
-    tile i's P is packed before the next S is issued. q_regs (ws): Q stays in registers and S
-    reads it from there (the RS-form wgmma) instead of from shared memory (SS), which halves the
-    shared-memory bytes an S reads for 32 more registers a consumer thread. wide_loads (ws, K and V
-    both 4-bit or both int8): the producer loads 16 bytes of codes a row at a time (4 chunks an
-    item, or 2 of int8). depth (ws): tiles whose loads a producer thread has in flight (2 or 3, a
+    tile i's P is packed before the next S is issued. Q stays in the consumers' registers and S
+    reads it from there (the RS-form wgmma; from shared memory, the SS form, it read twice the
+    shared-memory bytes: "wg8wss" until session 45). With K and V both 4-bit or both int8 the
+    producer loads 16 bytes of codes a row at a time (4 chunks an item, or 2 of int8; 4 bytes
+    until session 45: "wg8wn"). depth (ws): tiles whose loads a producer thread has in flight (2 or 3, a
     slot of registers each; 4 was no faster with 4-bit planes, session 39, and slower with bf16 ones, session 41). pingpong (ws): each
     consumer warpgroup has its own FULL barriers, and the two take turns issuing their MMAs
     through two more named barriers, so one's softmax runs under the other's MMAs (FA3's
@@ -129,7 +128,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     TPM = 16 // G
     RU = TPM * G
     WS = ws
-    QR = ws and q_regs
     TH = 128 if WS else 32 * W  # threads that load tiles (WS: the producer warpgroup)
     TH_ALL = 32 * W + (128 if WS else 0)  # the block
     K4, V4 = kf in (NVFP4, ISO3), vf in (NVFP4, ISO3)
@@ -137,7 +135,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     # time (ld.global.v4), a quarter of the loads, their addresses and registers in flight; of int8
     # planes, 2 chunks (their row scales are one a key)
     I8 = kf == INT8 and vf == INT8
-    IC = (4 if K4 and V4 else 2 if I8 else 1) if WS and wide_loads else 1
+    IC = (4 if K4 and V4 else 2 if I8 else 1) if WS else 1
     NIT = CHB * NC // (TH * IC)  # load items (key, IC chunks) per thread per plane and tile
     KPI = TH * IC // NC  # key stride between a thread's items
     CW = 2 * IC if I8 else IC + 1  # registers an item: its code words (int8: 2 a chunk), then (4-bit) the scale word
@@ -157,7 +155,6 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     TURN0 = EMPTY0 + WS_STAGES
     NBUF = WS_STAGES if WS else 2  # tile buffers: computing, loading
     SBW, SCH = NBUF * BUFW, NBUF * CHB  # shared array sizes (literal shapes)
-    QGW = 64 * RS  # WS without q_regs: words of a warpgroup's Q in shared memory (after the K and V buffers)
     SIM = SIMULATED
     RWK, RWV = D // _VPW[BF16 if pre[0] else kf], D // _VPW[BF16 if pre[1] else vf]
     SW = D // 64
@@ -177,7 +174,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     i64 = np.int64
     WG = wg
     PVA = wg and (pv_async or WS)
-    wg_s = wg_pv = wg_s_ss = wg_s_ss0 = wg_s_rs = no_wgmma
+    wg_s = wg_pv = wg_s_rs = no_wgmma
     wg_pv_wait = no_wgmma_wait
     wg_sa_wait = no_wgmma_wait3
     o_fence = s_retire = no_reg_fence
@@ -189,10 +186,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         if PVA:
             wg_pv_wait = wgmma_wait(D, NVS)
         if WS:  # Q as K-major core matrices like a K tile: the same offsets
-            wg_s_ss = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256, wait=False)
-            wg_s_ss0 = wgmma_ss(CHB, NS, kf == BF16, 128, NC * 128, 128, NC * 128, 256)
-            if QR:  # the RS form, issued and retired like the SS one
-                wg_s_rs = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256, wait=False)
+            wg_s_rs = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256, wait=False)  # issued, retired apart
             wg_sa_wait = wgmma_wait(D, NVS, CHB)
             o_fence = reg_fence(D)
             s_retire = wgmma_wait_acc(CHB, 1)
@@ -365,10 +359,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         return ppw, kb, ke, cuda.syncthreads_or(bad) != 0
 
     @cuda.jit(device=True, inline=True)
-    def load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, to_smem):
-        """This lane's q fragments (positions of the shared rows: 4-bit K in pair order), into
-        registers (qa, the RS-form A operand) or, to_smem, into the warpgroup's Q in shared memory
-        (row 16 (warp % 4) + r, k 16 s + 2 tig (+ 8), for the SS form); rpos: the rows' positions."""
+    def load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, rpos, qa):
+        """This lane's q fragments (positions of the shared rows: 4-bit K in pair order) into
+        registers (qa, the A operand); rpos: the rows' positions."""
         for hi in range(2):
             r = gid + 8 * hi
             tq = tq0 + r // G
@@ -391,13 +384,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                     x1 = q[tq, hq, d1] * qscale
                     x2 = q[tq, hq, d0 + 8] * qscale
                     x3 = q[tq, hq, d1 + 8] * qscale
-                if to_smem:
-                    qw = (warp >> 2) * QGW + tig + soff(16 * (warp & 3) + r, 2 * s)
-                    QS[qw] = pack_k(x0, x1)
-                    QS[qw + 32] = pack_k(x2, x3)  # the next 16-byte chunk is the next core
-                else:
-                    qa[s, hi] = pack_k(x0, x1)
-                    qa[s, 2 + hi] = pack_k(x2, x3)
+                qa[s, hi] = pack_k(x0, x1)
+                qa[s, 2 + hi] = pack_k(x2, x3)
 
     @cuda.jit(device=True, inline=True)
     def scale_mask(sv, ksr, kval, bo, k0, ke, holes, tig, rpos, masked):
@@ -555,15 +543,12 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 dyn = cuda.shared.array(0, np.uint32, alignment=128)
             KS = dyn[:SBW]
             VS = dyn[SBW:2 * SBW]
-            QS = dyn[2 * SBW:]  # (unused: Q stays in registers)
         elif SIM:  # the simulator refuses an alignment
             KS = cuda.shared.array(SBW, np.uint32)
             VS = cuda.shared.array(SBW, np.uint32)
-            QS = dyn = KS
         else:  # ldmatrix / st.shared.v4 / cp.async need 16-byte aligned rows
             KS = cuda.shared.array(SBW, np.uint32, alignment=16)
             VS = cuda.shared.array(SBW, np.uint32, alignment=16)
-            QS = dyn = KS
         ksr = cuda.shared.array(SCH, np.float32)  # int8 row scales of the keys
         vsr = cuda.shared.array(SCH, np.float32)
         kval = cuda.shared.array(SCH, np.int32)  # key valid (read only in blocks with holes)
@@ -595,7 +580,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         # ---- q as the A operand
         qa = cuda.local.array((NS, 4), np.uint32)
         rpos = cuda.local.array(2, np.int64)
-        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, QS, False)
+        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, rpos, qa)
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -885,10 +870,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         fastp = P % CHB == 0
         ntiles = (ke - kb + CHB - 1) // CHB if ke > kb else 0
         rpos = cuda.local.array(2, np.int64)
-        qa = cuda.local.array((NS, 4), np.uint32)  # QR: the RS form's A (else unused)
-        if consumer and not QR:  # Q into shared memory (the SS form's A)
-            load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn[2 * SBW:], True)
-            fence_proxy_async()
+        qa = cuda.local.array((NS, 4), np.uint32)  # the consumers' A of the RS-form S
         cuda.syncthreads()
 
         if not consumer:  # ---- the producer warpgroup: every tile, NF in flight
@@ -928,8 +910,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
 
         # ---- the consumer warpgroups: S = Q K^T, softmax, O += P V (FA3's in-warpgroup overlap)
         regs_take()
-        if QR:  # Q into registers here, where the consumers have theirs
-            load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, warp, rpos, qa, dyn, False)
+        load_q(q, qscale, pos0, tq0, tq_last, T, active, hq0, gid, tig, rpos, qa)  # here: the consumers' registers
         acc = cuda.local.array((ND8, 4), np.float32)
         for n in range(ND8):
             for i in range(4):
@@ -941,17 +922,13 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         sv = cuda.local.array((NKT, 4), np.float32)
         pa = cuda.local.array((NVS, 4), np.uint32)
         grp = warp >> 2  # the consumer warpgroup
-        qword = u32(2 * SBW + grp * QGW)
         full0 = 1 + (grp * NBUF if PPW else 0)  # this warpgroup's FULL(0)
         if ntiles == 0:  # before any wgmma: O += P V on a buffer never written could read NaNs
             write_rows(active, split, nsplit, tq0, hq0, gid, tig, T, acc, m0, m1, l0, l1, gscale, h, ws_acc, ws_ml,
                        out16, to16)
             return
         bar_sync(full0, FULL_CNT)  # tile 0: S and its softmax, waited for
-        if QR:
-            wg_s(sv, qa, dyn, u32(0))
-        else:
-            wg_s_ss0(sv, dyn, qword, 0)
+        wg_s(sv, qa, dyn, u32(0))
         scale_mask(sv, ksr, kval, 0, kb, ke, holes, tig, rpos, holes or kb + CHB > ke or kb + CHB - 1 > pos0 + tq0)
         mx0, mx1 = row_max(sv, kc)
         m0, m1, l0, l1, al0, al1 = online_max(m0, m1, l0, l1, mx0, mx1)
@@ -977,10 +954,7 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             o_fence(acc)
             if PPW:
                 bar_sync(TURN0 + grp, 256)
-            if QR:
-                wg_s_rs(sv, qa, dyn, u32(b1 * BUFW))
-            else:
-                wg_s_ss(sv, dyn, qword, u32(b1 * BUFW))
+            wg_s_rs(sv, qa, dyn, u32(b1 * BUFW))
             wg_pv(acc, pa, VS, u32(b * BUFW))
             if PPW:
                 bar_arrive(TURN0 + 1 - grp, 256)
@@ -1077,8 +1051,7 @@ _PREFILL: dict = {}
 
 def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *, kind: str = "fa", warps: int = 4,
                        max_registers=None, chb: int = 0, pre: tuple = (False, False), pingpong: bool = False,
-                       pv_async: bool = False, ws: bool = False, q_regs: bool = False, wide_loads: bool = False,
-                       depth: int = 2):
+                       pv_async: bool = False, ws: bool = False, depth: int = 2):
     """The prefill kernel `_build_prefill_fa`: kind "fa" (FA2-style on mma.sync, pipelined shared
     K/V tiles) or "wg" (the same on warpgroup MMAs, sm_90a; launched with `wg_smem_bytes(D, chb)`
     of dynamic shared memory after `wg_prepare`). Both launch as grid (query blocks, splits, kv
@@ -1090,18 +1063,16 @@ def get_prefill_kernel(kf: int, vf: int, G: int, D: int, devpos: bool = False, *
     pingpong = bool(pingpong) and kind == "wg"
     ws = bool(ws)
     pv_async = bool(pv_async) and kind == "wg"
-    q_regs = bool(q_regs) and ws
-    wide_loads = bool(wide_loads) and ws
     depth = int(depth) if ws else 2
     if ws and max_registers is None:  # one block an SM: 65536 / its threads, a multiple of 8
         max_registers = 65536 // prefill_threads(warps, ws) // 8 * 8
     key = (int(kf), int(vf), int(G), int(D), bool(devpos), kind, int(warps), max_registers, int(chb), pre, pingpong,
-           pv_async, ws, q_regs, wide_loads, depth)
+           pv_async, ws, depth)
     if key not in _PREFILL:
         if not supports(kf, vf, G, D):
             raise ValueError(f"attention_prefill: unsupported K={kf} V={vf} G={G} D={D}")
         _PREFILL[key] = _build_prefill_fa(kf, vf, G, D, devpos, warps, max_registers, pre, kind == "wg", chb, pingpong,
-                                          pv_async, ws, q_regs, wide_loads, depth)
+                                          pv_async, ws, depth)
     return _PREFILL[key]
 
 
@@ -1118,7 +1089,8 @@ def tile_keys(D: int, wg: bool, chb: int = 0) -> int:
 
 def wg_smem_bytes(D: int, chb: int = 0, warps: int = 8, ws: bool = False) -> int:
     """Dynamic shared memory of the "wg" kernel: K and V tiles, two buffers each (ws: WS_STAGES,
-    and each warpgroup's 64 rows of Q), 16-bit values."""
+    and room for each warpgroup's 64 rows of Q, which it has kept in registers since session 35:
+    32 KB at d 128 that a smaller carve-out would give to L1; not yet timed), 16-bit values."""
     if ws:
         return 4 * WS_STAGES * tile_keys(D, True, chb) * D + (warps // 4) * 128 * D
     return 8 * tile_keys(D, True, chb) * D
@@ -1167,7 +1139,7 @@ def _ptx_signatures() -> tuple[list, list]:
             (get_prefill_kernel(BF16, BF16, 2, 128, True, **wg8a), prefill_sig(BF16, BF16, True)),
             (get_prefill_kernel(INT8, INT8, 2, 128, True, **wg8a), prefill_sig(INT8, INT8, True)),
             (get_prefill_kernel(INT8, NVFP4, 4, 64, kind="wg"), prefill_sig(INT8, NVFP4)),
-            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
+            (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a),
              prefill_sig(NVFP4, NVFP4, True))]
     predecode_sig = ("void({}, int64, int64, int64, uint32[::1], uint32[::1], int32[:,:,::1], int64, "
                      "uint32[::1])")
@@ -1182,21 +1154,17 @@ def _ptx_signatures() -> tuple[list, list]:
              (get_prefill_kernel(BF16, BF16, 2, 128, True, kind="wg", warps=8), prefill_sig(BF16, BF16, True)),
              (get_prefill_kernel(BF16, INT8, 4, 128, **wg8a), prefill_sig(BF16, INT8)),
              (get_prefill_kernel(INT8, ISO3, 4, 64, ws=True, **wg8a), prefill_sig(INT8, ISO3)),
-             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, **wg8a), prefill_sig(NVFP4, NVFP4, True)),
-             (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
+             (get_prefill_kernel(ISO3, NVFP4, 2, 64, True, ws=True, **wg8a),
               prefill_sig(ISO3, NVFP4, True)),
-             (get_prefill_kernel(NVFP4, NVFP4, 2, 128, True, ws=True, q_regs=True, **wg8a),
-              prefill_sig(NVFP4, NVFP4, True)),
-             (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
-                                 **wg8a), prefill_sig(ISO3, ISO3, True)),
-             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3,
+             (get_prefill_kernel(ISO3, ISO3, 2, 128, True, ws=True, depth=3, **wg8a), prefill_sig(ISO3, ISO3, True)),
+             (get_prefill_kernel(NVFP4, ISO3, 2, 128, True, ws=True, depth=3,
                                  pingpong=True, **wg8a), prefill_sig(NVFP4, ISO3, True)),
-             (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, q_regs=True, wide_loads=True, **wg8a),
+             (get_prefill_kernel(INT8, INT8, 2, 128, True, ws=True, **wg8a),
               prefill_sig(INT8, INT8, True)),
              # bf16 planes by cp.async in the producer: both, at depth 3; one, at depth 2 with turns
-             (get_prefill_kernel(BF16, BF16, 2, 128, True, ws=True, q_regs=True, wide_loads=True, depth=3, **wg8a),
+             (get_prefill_kernel(BF16, BF16, 2, 128, True, ws=True, depth=3, **wg8a),
               prefill_sig(BF16, BF16, True)),
-             (get_prefill_kernel(BF16, INT8, 2, 128, True, ws=True, q_regs=True, pingpong=True, **wg8a),
+             (get_prefill_kernel(BF16, INT8, 2, 128, True, ws=True, pingpong=True, **wg8a),
               prefill_sig(BF16, INT8, True))]
     more += [(_build_predecode(fmt, 128, False), predecode_sig.format("int64")) for fmt in (NVFP4, ISO3)]
     return out, more
