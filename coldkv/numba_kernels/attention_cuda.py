@@ -927,8 +927,9 @@ def paged_attention_cuda(q, out, pos0, sm_scale, k_fmt, k_codes, k_scales, v_fmt
     mma_pingpong (with mma_ws: the consumer warpgroups take turns on the tensor cores) / mma_pv_async
     ("wg": O += P V runs on under the next tile's decode; None: auto's choice when the kernel
     and warps are auto's, else off) / mma_ws (None: auto's likewise; "wg" with 8 warps: a producer
-    warpgroup loads and decodes the tiles, attention_prefill's attn_ws; bf16 planes since session 40) / mma_depth (None: auto's likewise; with mma_ws, 3 tiles
-    of loads in flight in the producer instead of 2): tuning knobs of the benchmark
+    warpgroup loads and decodes the tiles, attention_prefill's attn_ws; bf16 planes since session
+    40) / mma_depth (None: auto's likewise; with mma_ws, 3 tiles of loads in flight in the producer
+    instead of 2): tuning knobs of the benchmark
     (attention_mma.get_kernel / attention_prefill.get_prefill_kernel). mma_k8 (default on): the decode kernel's
     K product on int8 tensor cores for int8 keys (`attention_mma.supports_k8`; q as a 16-bit
     integer per head in two int8 parts), else ignored. mma_qsmem: the decode kernel keeps q's MMA

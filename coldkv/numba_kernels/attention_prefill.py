@@ -82,9 +82,9 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     and dropped in session 45's clean-up; git has them at aa6ad1a: the two warpgroups taking turns
     through named barriers, "wg8pp", no faster; and S of the next tile issued under this tile's
     softmax with Q in shared memory, "wg8s", auto's for 4-bit planes until the warp-specialized
-    kernel beat it.) chb: keys per tile (default 4096 / D, wg 8192 / D, also
-    its maximum: 128-key tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53,
-    while their simulator case passed).
+    kernel beat it.) chb: keys per tile (default 4096 / D, wg 8192 / D, also its maximum: 128-key
+    tiles at d 128 gave wrong outputs on the H200 at cbac499 and 5f25e53, while their simulator
+    case passed).
 
     ws (wg, W 8, planes not pre-decoded): warp-specialized (FA3's producer / consumer split;
     `attn_ws`). A fifth warpgroup loads and decodes the tiles into a ring of WS_STAGES buffers
@@ -93,18 +93,18 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
     barriers: FULL(b) (the producer arrives, the consumers sync) and EMPTY(b) (the other way).
     A bf16 plane's rows go by cp.async straight into the buffer, so with one the producer waits
     at EMPTY before it issues a tile's loads (not before it decodes them) and hands tile t over
-    before it issues tile t + depth - 1 (session 40, not yet GPU-run).
+    before it issues tile t + depth - 1 (session 40; auto's for bf16 K and V since session 41).
     Each consumer issues S of tile i + 1 together with O += P V of tile i and runs tile i + 1's
     softmax while that O += P V runs (FA3's in-warpgroup overlap); S keeps one accumulator, since
     tile i's P is packed before the next S is issued. Q stays in the consumers' registers and S
     reads it from there (the RS-form wgmma; from shared memory, the SS form, it read twice the
     shared-memory bytes: "wg8wss" until session 45). With K and V both 4-bit or both int8 the
     producer loads 16 bytes of codes a row at a time (4 chunks an item, or 2 of int8; 4 bytes
-    until session 45: "wg8wn"). depth (ws): tiles whose loads a producer thread has in flight (2 or 3, a
-    slot of registers each; 4 was no faster with 4-bit planes, session 39, and slower with bf16 ones, session 41). pingpong (ws): each
-    consumer warpgroup has its own FULL barriers, and the two take turns issuing their MMAs
-    through two more named barriers, so one's softmax runs under the other's MMAs (FA3's
-    inter-warpgroup schedule; session 44)."""
+    until session 45: "wg8wn"). depth (ws): tiles whose loads a producer thread has in flight (2
+    or 3, a slot of registers each; 4 was no faster with 4-bit planes, session 39, and slower with
+    bf16 ones, session 41). pingpong (ws): each consumer warpgroup has its own FULL barriers, and
+    the two take turns issuing their MMAs through two more named barriers, so one's softmax runs
+    under the other's MMAs (FA3's inter-warpgroup schedule; session 44)."""
     if (pre[0] and kf not in (NVFP4, ISO3)) or (pre[1] and vf not in (NVFP4, ISO3)):
         raise ValueError("attention_prefill: only nvfp4/iso3 planes come pre-decoded")
     if wg and (D > 128 or W % 4):
