@@ -170,8 +170,8 @@ def test_generate_threads_option(model_dir, prompt):
 
 
 def test_generate_says_when_it_compiles(model_dir, prompt, tmp_path):
-    """A fresh kernel cache: the first run says it compiles (it waits seconds for it), the next
-    loads the kernels and says nothing."""
+    """A fresh kernel cache: the first run says it compiles (it waits seconds for it) and that its
+    rates count the compiles, the next loads the kernels and says nothing."""
     import subprocess
     import sys
 
@@ -181,4 +181,7 @@ def test_generate_says_when_it_compiles(model_dir, prompt, tmp_path):
     runs = [subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
     assert "compiling CPU kernels" in runs[0].stderr
-    assert "compiling" not in runs[1].stderr and runs[1].stdout == runs[0].stdout
+    assert "rates count that time" in runs[0].stderr
+    assert "compil" not in runs[1].stderr and runs[1].stdout == runs[0].stdout
+    warm = subprocess.run(cmd + ["--json"], env=env, capture_output=True, text=True, timeout=600)
+    assert json.loads(warm.stdout)["compiled_kernels"] is False

@@ -106,7 +106,7 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
         if progress is not None:
             progress.stop()
     if json_out:
-        out = {"model": str(model_dir), **result.to_json()}
+        out = {"model": str(model_dir), **result.to_json(), "compiled_kernels": compiling}
         sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
         return
     sys.stdout.write("\n")
@@ -114,7 +114,8 @@ def generate_command(*, prompt_file: str, model: str | None, max_new_tokens: int
         f"[dim]{result.prompt_tokens} prompt tokens, {len(result.tokens)} generated ({result.finish_reason}); "
         f"prefill {result.prefill_tokens_per_s:.1f} tok/s, decode {result.decode_tokens_per_s:.1f} tok/s; "
         f"KV {_human(result.kv_bytes)} ({result.kv_bytes_per_token:.0f} B/token, table {table.name}: "
-        f"{table.summary()}) on {result.device}[/dim]",
+        f"{table.summary()}) on {result.device}"
+        f"{'; this run compiled its kernels, and its rates count that time' if compiling else ''}[/dim]",
         highlight=False, soft_wrap=True,
     )
 
