@@ -642,7 +642,7 @@ def test_prefill_chunk_tokens():
 def test_prefill_kernel_names(monkeypatch):
     """The CUDA backend's prefill_attention names: paged_attention_cuda's keywords, every knob
     given; "auto" is _prefill_auto's choice (fa without an sm_90 GPU or above head_dim 128; on
-    one, by format: wg8w3 for 4-bit or bf16 K and V, wg8w for int8 K and V, else wg8a); an unknown name
+    one, by format: wg8w3 for 4-bit or bf16 K and V, wg8wpp for int8 K and V, else wg8a); an unknown name
     is an error."""
     off = {"mma_pingpong": False, "mma_pv_async": False, "mma_ws": False, "mma_depth": 2}
     assert A.prefill_kernel("fa", 128) == {"mma_prefill": "fa", "mma_warps": A.NWARPS, "mma_pv_async": False,
@@ -659,7 +659,7 @@ def test_prefill_kernel_names(monkeypatch):
     monkeypatch.setattr(A, "_has_wgmma", lambda: True)  # the choice on an sm_90 GPU
     i8, iso = Q.INT8, Q.ISO3
     assert [A._prefill_auto(128, k, v) for k, v in [(nv, nv), (nv, iso), (i8, i8), (b, nv), (i8, nv), (b, b)]] == \
-        ["wg8w3", "wg8w3", "wg8w", "wg8a", "wg8a", "wg8w3"]
+        ["wg8w3", "wg8w3", "wg8wpp", "wg8a", "wg8a", "wg8w3"]
     assert A._prefill_auto(256, nv, nv) == "fa"
     with pytest.raises(ValueError, match="unknown prefill attention kernel 'rows'"):
         A.prefill_kernel("rows", 128)

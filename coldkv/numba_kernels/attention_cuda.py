@@ -775,7 +775,8 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
     # wg8w with a third tile of loads in flight in the producer (session 36; auto's for 4-bit K and V
     # since session 37)
     "wg8w3": {**_WS, "mma_depth": 3},
-    # wg8w3 / wg8w whose consumer warpgroups take turns on the tensor cores (session 44, FA3's ping-pong)
+    # wg8w3 / wg8w whose consumer warpgroups take turns on the tensor cores (session 44, FA3's ping-pong;
+    # wg8wpp auto's for int8 K and V since session 45)
     "wg8w3pp": {**_WS, "mma_depth": 3, "mma_pingpong": True},
     "wg8wpp": {**_WS, "mma_pingpong": True},
 }
@@ -784,16 +785,17 @@ PREFILL_KERNELS = {  # every knob given (one left out would take auto's value)
 def _prefill_auto(D: int = 128, kf=None, vf=None) -> str:
     """The PREFILL_KERNELS name that "auto" runs for T > 1 (K and V formats kf, vf; None: not
     known yet). On an sm_90 GPU at head_dim <= 128: "wg8w3" when both planes are 4-bit or both
-    bf16, "wg8w" when both are int8, else "wg8a"; elsewhere "fa" (wgmma needs sm_90, and its O
+    bf16, "wg8wpp" when both are int8, else "wg8a"; elsewhere "fa" (wgmma needs sm_90, and its O
     accumulators head_dim <= 128). Each is the fastest measured for its formats (H100, T 2048 at
-    32768 keys, 32/8/128: nvfp4 wg8w3 2492 us against wg8w's 2620 at 9bcd343, int8 wg8w 3430
-    against wg8a's 4185 at 9bcd343, bf16 wg8w3 3809 against wg8a's 4044 at 35b1cc2); every
-    measurement behind the choices: docs/kernels.md, "_prefill_auto"."""
+    32768 keys, 32/8/128: nvfp4 wg8w3 2492 us against wg8w's 2620 at 9bcd343 (wg8w3pp 2548
+    against 2502 at 64c20eb), int8 wg8wpp 3288 against wg8w's 3431 at 64c20eb (wg8w 3430 against
+    wg8a's 4185 at 9bcd343), bf16 wg8w3 3809 against wg8a's 4044 at 35b1cc2 (wg8w3pp the same at
+    64c20eb)); every measurement behind the choices: docs/kernels.md, "_prefill_auto"."""
     if D > 128 or not _has_wgmma():
         return "fa"
     if (kf in (NVFP4, ISO3) and vf in (NVFP4, ISO3)) or kf == vf == BF16:
         return "wg8w3"
-    return "wg8w" if kf == vf == INT8 else "wg8a"
+    return "wg8wpp" if kf == vf == INT8 else "wg8a"
 
 
 def prefill_kernel(name: str, D: int, kf=None, vf=None) -> dict:
