@@ -46,7 +46,8 @@ def no_reg_fence(acc):
 
 @cuda.jit(device=True, inline=True)
 def no_wgmma_wait3(acc, a, sacc):
-    """What a build without S ahead calls in place of its wgmma_wait (nothing)."""
+    """What a build without the warp-specialized consumers calls in place of their wgmma_wait
+    (nothing)."""
     return
 
 
@@ -185,8 +186,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
         wg_pv = wgmma(D, NVS, vf == BF16, True, True, NC * 128, 128, 2 * NC * 128, wait=not PVA)
         if PVA:
             wg_pv_wait = wgmma_wait(D, NVS)
-        if WS:  # Q as K-major core matrices like a K tile: the same offsets
-            wg_s_rs = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256, wait=False)  # issued, retired apart
+        if WS:  # S issued with the last tile's O += P V and retired apart (the consumers' overlap)
+            wg_s_rs = wgmma(CHB, NS, kf == BF16, False, False, 128, NC * 128, 256, wait=False)
             wg_sa_wait = wgmma_wait(D, NVS, CHB)
             o_fence = reg_fence(D)
             s_retire = wgmma_wait_acc(CHB, 1)

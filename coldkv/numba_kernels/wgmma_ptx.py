@@ -13,8 +13,8 @@ The descriptor's leading byte offset (LBO) is the distance between K-adjacent co
 stride byte offset (SBO) between N-adjacent ones, for both majors: measured on the H200 by
 bench/wgmma_probe.py (c513766: every (LBO = K step, SBO = N step) case correct, the swapped
 readings wrong or faulting). Each k16 step advances the start address by `step` bytes.
-`wgmma_ss` reads A from shared memory too, as K-major core matrices with the same convention
-(LBO the K-adjacent core, SBO the M-adjacent one; the probe's "ss:" cases, df0cfd2).
+(The SS form, A from shared memory too, served the prefill kernels that kept Q there; it went
+with them in session 45, git has it at aa6ad1a; the probe's "ss:" cases measured its convention.)
 """
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
                      f"{scale_d}, 1, 1, {int(trans_b)};")
     lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else []) + ["}"]
     ptx = "\n".join(lines)
-    # acc in and out when the MMA stays in flight, even for D = A B (see `_wgmma_ss`: ptxas then
-    # keeps the accumulators in place from one issue to the next instead of serializing, C7515)
+    # acc in and out when the MMA stays in flight, even for D = A B (scale-d 0 ignores it): ptxas
+    # then keeps the accumulators in place from one issue to the next instead of serializing, C7515
     tied = accumulate or not wait
     cons = ",".join(["=f"] * na + ["r"] * (4 * nk) + ["l"] + ([str(i) for i in range(na)] if tied else []))
     hi = _desc_hi(lbo, sbo)
@@ -90,58 +90,6 @@ def _wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: in
     return intrinsic(wgmma)
 
 
-def _wgmma_ss(n: int, nk: int, bf16: bool, lbo_a: int, sbo_a: int, lbo_b: int, sbo_b: int, step: int,
-              wait: bool):
-    """Intrinsic f(acc, sarr, aword, bword) -> None: acc [n / 8, 4] f32 = A @ B with both read
-    from shared memory by descriptor (the "SS" form): A [64, 16 nk] K-major core matrices at
-    sarr[aword] (its K-adjacent cores lbo_a bytes apart, M-adjacent sbo_a: bench/wgmma_probe.py's
-    "ss:a_kmajor_m_outer/kn", H200 at df0cfd2), B K-major at sarr[bword] as `_wgmma`'s; each k16
-    step advances both by `step` bytes. wait=False: committed, not waited for (`wgmma_wait`)."""
-    dt = "bf16" if bf16 else "f16"
-    na = n // 2
-    d = ", ".join(f"${i}" for i in range(na))
-    DA, DB = na, na + 1
-    lines = ["{ .reg .b64 da, db;", "wgmma.fence.sync.aligned;"]
-    for s in range(nk):
-        src_a, src_b = f"${DA}", f"${DB}"
-        if s:
-            lines += [f"add.s64 da, ${DA}, {(s * step) >> 4};", f"add.s64 db, ${DB}, {(s * step) >> 4};"]
-            src_a, src_b = "da", "db"
-        lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dt}.{dt} {{{d}}}, {src_a}, {src_b}, "
-                     f"{1 if s else 0}, 1, 1, 0, 0;")
-    lines += ["wgmma.commit_group.sync.aligned;"] + (["wgmma.wait_group.sync.aligned 0;"] if wait else []) + ["}"]
-    ptx = "\n".join(lines)
-    # acc in and out although D = A B ignores it (scale-d 0): the compiler then keeps the
-    # accumulators in the same registers from one issue to the next, instead of moving them
-    # while an MMA writes them (ptxas serializes every wgmma for that, C7515)
-    cons = ",".join(["=f"] * na + ["l", "l"] + [str(i) for i in range(na)])
-    hi_a, hi_b = _desc_hi(lbo_a, sbo_a), _desc_hi(lbo_b, sbo_b)
-    assert step % 16 == 0
-    if SIMULATED:
-        return _sim_wgmma_ss(n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step)
-
-    def codegen(context, builder, sig, args):
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-        acc = context.make_array(sig.args[0])(context, builder, args[0]).data
-        descs = []
-        for w, wt, hi in ((args[2], sig.args[2], hi_a), (args[3], sig.args[3], hi_b)):
-            addr = _smem_ptr(context, builder, sig.args[1], args[1], context.cast(builder, w, wt, types.uint32))
-            lo = builder.and_(builder.lshr(addr, ir.Constant(i32, 4)), ir.Constant(i32, 0x3FFF))
-            descs.append(builder.or_(builder.zext(lo, i64), ir.Constant(i64, hi)))
-        rt = ir.LiteralStructType([f32] * na)
-        ins = descs + [builder.load(builder.gep(acc, [ir.Constant(i64, i)])) for i in range(na)]
-        r = builder.call(ir.InlineAsm(ir.FunctionType(rt, [i64, i64] + [f32] * na), ptx, cons + ",~{memory}",
-                                      side_effect=True), ins)
-        for i in range(na):
-            builder.store(builder.extract_value(r, i), builder.gep(acc, [ir.Constant(i64, i)]))
-        return context.get_dummy_value()
-
-    def wgmma(typingctx, acc, sarr, aword, bword):
-        return types.void(acc, sarr, aword, bword), codegen
-
-    return intrinsic(wgmma)
-
-
 _WGMMA: dict = {}
 
 
@@ -151,15 +99,6 @@ def wgmma(n: int, nk: int, bf16: bool, trans_b: bool, accumulate: bool, lbo: int
     key = (n, nk, bf16, trans_b, accumulate, lbo, sbo, step, wait)
     if key not in _WGMMA:
         _WGMMA[key] = _wgmma(*key)
-    return _WGMMA[key]
-
-
-def wgmma_ss(n: int, nk: int, bf16: bool, lbo_a: int, sbo_a: int, lbo_b: int, sbo_b: int, step: int,
-             wait: bool = True):
-    """The (cached) intrinsic of `_wgmma_ss`: m64 n{n} k16 x nk, A and B by descriptor, D = A B."""
-    key = ("ss", n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step, wait)
-    if key not in _WGMMA:
-        _WGMMA[key] = _wgmma_ss(*key[1:])
     return _WGMMA[key]
 
 
@@ -307,30 +246,6 @@ def _sim_wgmma(n, nk, bf16, trans_b, accumulate, lbo, sbo, step):
             for e in range(4):
                 v = D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)]
                 acc[j, e] = np.float32(v + (acc[j, e] if accumulate else 0.0))
-        _sim_allgather(None, 128)  # no thread's shared stores may overtake another's reads
-
-    return wgmma
-
-
-def _sim_wgmma_ss(n, nk, bf16, lbo_a, sbo_a, lbo_b, sbo_b, step):
-    """The wgmma of `_wgmma_ss`: A's element (m, k) of step s at byte aword * 4 + s step + (k >> 3)
-    lbo_a + (m >> 3) sbo_a + (m & 7) 16 + (k & 7) 2, B's as `_sim_wgmma`'s K-major one."""
-    s_, m, k = np.meshgrid(np.arange(nk), np.arange(64), np.arange(16), indexing="ij")
-    a_bytes = (s_ * step + (k >> 3) * lbo_a + (m >> 3) * sbo_a + (m & 7) * 16 + (k & 7) * 2)
-    a_bytes = a_bytes.transpose(1, 0, 2).reshape(64, 16 * nk)
-    s_, k, col = np.meshgrid(np.arange(nk), np.arange(16), np.arange(n), indexing="ij")
-    b_bytes = (s_ * step + (k >> 3) * lbo_b + (col >> 3) * sbo_b + (col & 7) * 16 + (k & 7) * 2).reshape(16 * nk, n)
-
-    def wgmma(acc, sarr, aword, bword):
-        _, me = _sim_allgather(None, 128)  # every thread has issued (its shared stores are done)
-        halves = np.asarray(sarr).view(np.uint16)
-        A = _sim_halves_to_f32(halves[(4 * int(aword) + a_bytes) // 2], bf16)
-        B = _sim_halves_to_f32(halves[(4 * int(bword) + b_bytes) // 2], bf16)
-        w, g, q = me // 32, (me % 32) >> 2, me & 3
-        D = A[16 * w: 16 * w + 16].astype(np.float64) @ B.astype(np.float64)
-        for j in range(n // 8):
-            for e in range(4):
-                acc[j, e] = np.float32(D[g + 8 * (e >> 1), 8 * j + 2 * q + (e & 1)])
         _sim_allgather(None, 128)  # no thread's shared stores may overtake another's reads
 
     return wgmma
