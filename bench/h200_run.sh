@@ -8,7 +8,8 @@
 #   tests     the whole gpu suite, -n 12 (~290-430 s at -n 8 until session 35; at ca58163, 200 tests, -n 8
 #             reached 73% in 470 s, so 12 workers on the device's 16 cores and a timeout of 520; run it
 #             alone in a call; at 2ffeb58, 205 tests, -n 12 on an H100 reached 71% in 520 s: use
-#             tests1 and tests2)
+#             tests1 and tests2; at 04c6c70, 203 tests, with the kernel cache's compile claims, it
+#             reached 70% in 520 s on an H100: still two calls)
 #   tests1 / tests2  the gpu suite in two calls: the attention kernels' tests / the rest (if the whole
 #             suite still runs past 520 s)
 #   backend   only the CUDA backend's, the sampling kernel's and the kernel cache's gpu tests (when only
