@@ -53,7 +53,9 @@ from benchutil import compile_cases, git_commit  # noqa: E402
 from coldkv.numba_kernels import attention_cuda as A  # noqa: E402
 from coldkv.numba_kernels import quant as Q  # noqa: E402
 
-FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4), "iso3": (Q.ISO3, Q.ISO3)}
+FORMATS = {"bf16": (Q.BF16, Q.BF16), "int8": (Q.INT8, Q.INT8), "nvfp4": (Q.NVFP4, Q.NVFP4), "iso3": (Q.ISO3, Q.ISO3),
+           # K / V of other formats, as a --kv-table JSON may give a layer (auto: wg8a on sm_90)
+           "int8/nvfp4": (Q.INT8, Q.NVFP4), "bf16/nvfp4": (Q.BF16, Q.NVFP4), "int8/iso3": (Q.INT8, Q.ISO3)}
 PATHS = {"tok": {"kernel": "mma", "mma_prefill": False},
          # FA2-style kernel (attention_prefill._build_prefill_fa), the auto default since 6390c47
          "fa": {"kernel": "mma", "mma_prefill": "fa"},
@@ -172,7 +174,8 @@ def compile_case(fmt: str, path: str, Hq: int, H: int, D: int, T: int) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="*", default=CONTEXTS)
-    ap.add_argument("--formats", nargs="*", default=["bf16", "nvfp4"], choices=list(FORMATS), help="K = V format")
+    ap.add_argument("--formats", nargs="*", default=["bf16", "nvfp4"], choices=list(FORMATS),
+                    help="K and V format (one name), or K/V")
     ap.add_argument("--shapes", nargs="*", default=None, help="Hq/H/D, e.g. 4/2/128")
     ap.add_argument("--paths", nargs="*", default=["fa", "wg8"])
     ap.add_argument("--T", type=int, default=T_CHUNK)

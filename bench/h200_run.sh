@@ -20,9 +20,10 @@
 #   rqab      requant from bf16 / int8, today's kernels against each carried bench/variants/requant_*.py,
 #             5 rounds (~90 s; make one with `git show C:coldkv/numba_kernels/requant.py > bench/variants/requant_C.py`)
 #   prefill   bench/attention_prefill.py at T 2048 (fa, wg8, wg8a, wg8w, wg8w3; ~60 s)
-#   pingpong  the consumer warpgroups of the warp-specialized prefill taking turns (wg8w3pp, session 44):
-#             its gpu tests, then at T 2048 wg8w3 against wg8w3pp (nvfp4 and bf16) and wg8w against
-#             wg8wpp (int8), then generate at 32k, auto against wg8w3pp (~5 min)
+#   mixed     prefill with K and V in other formats (int8/nvfp4, bf16/nvfp4, as a --kv-table JSON may
+#             give a layer): wg8a, auto's for them, against the warp-specialized kernels at T 2048;
+#             then generate at 32k, int8 KV, auto (wg8wpp) against wg8w (~4 min; the pingpong part
+#             that measured wg8w3pp / wg8wpp in session 45 is at 7091995)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -99,21 +100,14 @@ if has prefill; then
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
   save
 fi
-if has pingpong; then
-  timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -m gpu -n 12 -v -p no:cacheprovider \
-    tests/test_attention_cuda.py -k "wg8w3pp or wg8wpp" > "$OUT/gpu_pytest_pingpong_$C.log" 2>&1 &
-  P=$!
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $P --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w3 wg8w3pp --formats nvfp4 bf16 --repeats 5 \
-    --out "$OUT/attention_prefill_pingpong.json" > "$OUT/prefill_pingpong.log" 2>&1
-  save
-  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --T 2048 --contexts 32768 \
-    --shapes 4/2/128 32/8/128 --paths wg8w wg8wpp --formats int8 --repeats 5 \
-    --out "$OUT/attention_prefill_pingpong_int8.json" >> "$OUT/prefill_pingpong.log" 2>&1
+if has mixed; then
+  timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
+    --shapes 4/2/128 32/8/128 --paths wg8a wg8w wg8w3 wg8wpp --formats int8/nvfp4 bf16/nvfp4 --repeats 5 \
+    --out "$OUT/attention_prefill_mixed.json" > "$OUT/prefill_mixed.log" 2>&1
   save
   [ $(left) -gt 90 ] && timeout $(left) python3 bench/generate.py --commit "$C" --jobs $J --prompts 32768 \
-    --tables nvfp4,bf16 --prefill-attention auto,wg8w3pp --repeats 3 --no-launch-ab \
-    --out "$OUT/generate_32k_pingpong.json" > "$OUT/generate_pingpong.log" 2>&1
+    --tables int8 --prefill-attention auto,wg8w --repeats 5 --no-launch-ab \
+    --out "$OUT/generate_32k_int8.json" > "$OUT/generate_int8.log" 2>&1
   save
 fi
 wait
@@ -167,9 +161,8 @@ grep -E "x copy" "$OUT/codecs.log" 2>/dev/null | head -30
 grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
-grep -h " us valid" "$OUT/prefill_pingpong.log" 2>/dev/null
-grep '^{' "$OUT/generate_pingpong.log" 2>/dev/null | cut -c1-300
-tail -n 2 "$OUT/gpu_pytest_pingpong_$C.log" 2>/dev/null
+grep -h " us valid" "$OUT/prefill_mixed.log" 2>/dev/null
+grep '^{' "$OUT/generate_int8.log" 2>/dev/null | cut -c1-300
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/decode_host_profile.json'))['decode']; print({k: v for k, v in d.items() if not isinstance(v, list)}); [print(r) for r in d['host_top_own_per_step'][:8]]" 2>/dev/null
 grep -E " us .*x copy" "$OUT/layers.log" 2>/dev/null

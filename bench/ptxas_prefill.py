@@ -73,7 +73,7 @@ def assemble(py_func, sig: str, base: Path, ptxas: str, arch: str = "sm_90",
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format: bf16 int8 nvfp4 iso3")
+    ap.add_argument("--formats", nargs="+", default=["nvfp4", "bf16"], help="K = V format (bf16 int8 nvfp4 iso3), or K/V")
     ap.add_argument("--kernels", nargs="+", default=["wg8a", "wg8w3"], help="names of attention_cuda.PREFILL_KERNELS")
     tool_args(ap)
     args = ap.parse_args()
@@ -83,14 +83,15 @@ def main() -> None:
     from coldkv.numba_kernels.quant import FORMAT_IDS
 
     for fmt in args.formats:
-        f = FORMAT_IDS[fmt]
+        kf, vf = (FORMAT_IDS[x] for x in (fmt.split("/") * 2)[:2])
         for name in args.kernels:
             kw = PREFILL_KERNELS[name]
-            kern = AP.get_prefill_kernel(f, f, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
+            kern = AP.get_prefill_kernel(kf, vf, 2, 128, True, kind=kw["mma_prefill"], warps=kw["mma_warps"],
                                          pingpong=kw.get("mma_pingpong", False), pv_async=kw["mma_pv_async"],
                                          ws=kw["mma_ws"], depth=kw["mma_depth"])
             cap = kern.targetoptions.get("max_registers") or 0  # the kernel's own cap (ws: one block an SM)
-            info, sass = assemble(kern.py_func, AP.prefill_sig(f, f, True), out / f"{fmt}_{name}", args.ptxas, "sm_90a",
+            info, sass = assemble(kern.py_func, AP.prefill_sig(kf, vf, True),
+                                  out / f"{fmt.replace('/', '-')}_{name}", args.ptxas, "sm_90a",
                                   cap)
             counts = f"  HGMMA {sass.count('HGMMA')}, WARPGROUP.DEPBAR {sass.count('WARPGROUP.DEPBAR')}" if sass else ""
             print(f"{fmt} {name}:{counts}")
