@@ -64,6 +64,9 @@ save() {
   cp "$OUT"/*.json "$OUT"/gpu_pytest_*.log "$FINAL_OUT"/ 2>/dev/null
   tar czf "$FINAL_OUT/logs_$C.tgz" -C "$OUT" . 2>/dev/null
 }
+# each line of a log prefixed with the seconds since the script started: a run cut by its timeout
+# never prints pytest's --durations, and the -v lines carry no times (session 46's cut run)
+stamp() { local t l; while IFS= read -r l; do printf -v t '%(%s)T' -1; printf '%4ds %s\n' $(( t - S )) "$l"; done; }
 W=0  # the process the next bench waits for before timing
 TESTS=""
 has backend && TESTS="tests/test_cuda_backend.py tests/test_sampling_cuda.py tests/test_jit_cache.py"
@@ -73,8 +76,8 @@ has tests && TESTS=tests/
 # compile workers a bench starts (benchutil.compile_in_workers): fewer while the suite's 12 run
 J=$([ -n "$TESTS" ] && echo 3 || echo 8)
 if [ -n "$TESTS" ]; then
-  timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v --durations=30 -p no:cacheprovider $TESTS \
-    > "$OUT/gpu_pytest_$C.log" 2>&1 &  # -v: a timeout cutting a -q run loses the failing names
+  (timeout $(( $(left) < 520 ? $(left) : 520 )) python3 -m pytest -m gpu -n 12 -v --durations=30 -p no:cacheprovider \
+    $TESTS 2>&1 | stamp > "$OUT/gpu_pytest_$C.log") &  # -v: a timeout cutting a -q run loses the failing names
   W=$!
 fi
 if has decode; then
