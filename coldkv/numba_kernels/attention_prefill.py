@@ -448,6 +448,19 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
             acc[n, 3] *= al1
 
     @cuda.jit(device=True, inline=True)
+    def lazy_rescale(acc, i0, m, l, mx):
+        """`online_max`'s lazy update with a branch, for one row of the lane's two (O's columns
+        i0, i0 + 1): only a max that grew by more than _LAZY rescales O and l. -> m, l"""
+        if mx > m + _LAZY:
+            al = ex2(m - mx)
+            m = mx
+            l *= al
+            for n in range(ND8):
+                acc[n, i0] *= al
+                acc[n, i0 + 1] *= al
+        return m, l
+
+    @cuda.jit(device=True, inline=True)
     def exp_sum(sv, kc, m0, m1, l0, l1):
         """p = 2^(s - m) in place of the scores, and the row sums: -> l0, l1. A row with nothing
         unmasked yet keeps m = -inf: 0 is subtracted there, so a masked score gives ex2(-inf) = 0
@@ -695,20 +708,8 @@ def _build_prefill_fa(kf: int, vf: int, G: int, D: int, devpos: bool, W: int = 4
                 scale_mask(sv, ksr, kval, buf * CHB, k0, ke, holes, tig, rpos,
                            holes or k0 + CHB > ke or k0 + CHB - 1 > pos0 + tq0)
                 mx0, mx1 = row_max(sv, kc)
-                if mx0 > m0 + _LAZY:
-                    al = ex2(m0 - mx0)
-                    m0 = mx0
-                    l0 *= al
-                    for n in range(ND8):
-                        acc[n, 0] *= al
-                        acc[n, 1] *= al
-                if mx1 > m1 + _LAZY:
-                    al = ex2(m1 - mx1)
-                    m1 = mx1
-                    l1 *= al
-                    for n in range(ND8):
-                        acc[n, 2] *= al
-                        acc[n, 3] *= al
+                m0, l0 = lazy_rescale(acc, 0, m0, l0, mx0)
+                m1, l1 = lazy_rescale(acc, 2, m1, l1, mx1)
                 l0, l1 = exp_sum(sv, kc, m0, m1, l0, l1)
                 # ---- O += P V: A = P (16-key step v), B = V by ldmatrix.trans, two 8-dim tiles
                 bv = u32(buf * BUFW)
