@@ -24,6 +24,10 @@
 #             give a layer): wg8a, auto's for them, against the warp-specialized kernels at T 2048;
 #             then generate at 32k, int8 KV, auto (wg8wpp) against wg8w (~4 min; the pingpong part
 #             that measured wg8w3pp / wg8wpp in session 45 is at 7091995)
+#   ringab    the warp-specialized prefill kernels (wg8w3, wg8wpp; nvfp4, bf16, int8 at T 2048, 32768 keys)
+#             with today's attention_prefill.py, then with each carried bench/variants/attention_prefill_*.py
+#             copied over it, a process each (~1.5 min each; session 47: noq, the dead 32 KB of Q shared
+#             memory dropped, and s5, that and a 5-buffer ring without pingpong)
 #   generate  bench/generate.py, 4k/32k/128k vs HF and the decode launch A/B (~120 s)
 #   startup   bench/startup.py, a fresh `coldkv generate --device cuda` with an empty / warm kernel
 #             cache vs a fresh HF process (~60 s)
@@ -103,6 +107,20 @@ if has prefill; then
     --out "$OUT/attention_prefill_T2048.json" > "$OUT/prefill.log" 2>&1
   save
 fi
+if has ringab; then  # a variant replaces the module in this copy of the tree, restored after
+  AP=coldkv/numba_kernels/attention_prefill.py
+  cp $AP /tmp/attention_prefill_today.py
+  for v in today bench/variants/attention_prefill_*.py; do
+    [ -e "$v" ] || [ $v = today ] || continue
+    n=$(basename $v .py); n=${n#attention_prefill_}
+    [ $v = today ] || cp $v $AP
+    [ $(left) -gt 60 ] && timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W \
+      --T 2048 --contexts 32768 --shapes 4/2/128 32/8/128 --paths wg8w3 wg8wpp --formats nvfp4 bf16 int8 \
+      --repeats 5 --out "$OUT/prefill_ring_$n.json" > "$OUT/prefill_ring_$n.log" 2>&1
+    save
+  done
+  cp /tmp/attention_prefill_today.py $AP
+fi
 if has mixed; then
   timeout $(left) python3 bench/attention_prefill.py --commit "$C" --jobs $J --wait-pid $W --T 2048 --contexts 32768 \
     --shapes 4/2/128 32/8/128 --paths wg8a wg8w wg8w3 wg8wpp --formats int8/nvfp4 bf16/nvfp4 --repeats 5 \
@@ -165,6 +183,7 @@ grep '^{' "$OUT/generate.log" 2>/dev/null | cut -c1-300
 grep '^{' "$OUT/startup.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill.log" 2>/dev/null
 grep -h " us valid" "$OUT/prefill_mixed.log" 2>/dev/null
+grep -H " us valid" "$OUT"/prefill_ring_*.log 2>/dev/null | sed "s|^.*/prefill_ring_||"
 grep '^{' "$OUT/generate_int8.log" 2>/dev/null | cut -c1-300
 python3 -c "import json; d = json.load(open('$OUT/prefill_profile.json')); print({k: d[k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')}); print('hf', {k: d['hf'][k] for k in ('wall_ms', 'gpu_busy_ms', 'attention_ms', 'other_ms')} if 'hf' in d else None); print('gpu idle', d.get('gpu_idle')); [print(round(t['ms'], 2), t['name'][:60]) for t in d['top'][:6]]" 2>/dev/null
 python3 -c "import json; d = json.load(open('$OUT/decode_host_profile.json'))['decode']; print({k: v for k, v in d.items() if not isinstance(v, list)}); [print(r) for r in d['host_top_own_per_step'][:8]]" 2>/dev/null
